@@ -1,0 +1,226 @@
+"""The output cache: node results keyed by structural signatures.
+
+A node's signature hashes (class, fingerprint, constant inputs, upstream signatures and output
+indices); it does not depend on node ids, so the same sub-graph under other ids hits the cache.
+Signatures are computed once per node per prompt, sources first, so the cost is linear in the
+graph. Not-idempotent nodes add their id; a NaN fingerprint (IS_CHANGED) adds a fresh token so the
+node and everything downstream runs every time. Expanded nodes get their parent's signature mixed
+in, which scopes them to that expansion.
+
+Backends: classic (keeps what the latest prompt used), LRU by entry count, RAM pressure (bytes,
+the default), none.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from execution.graph import Link, PromptNode
+
+_fresh = itertools.count()
+
+
+@dataclass
+class CachedResult:
+    """What a node produced: per-output value lists and its UI dict."""
+
+    outputs: list[list[Any]]
+    ui: dict | None
+    size_bytes: int = 0
+
+
+def _const_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a value whose repr fails still gets a stable, unique-enough key
+        return f"<{type(value).__name__}@{id(value)}>"
+
+
+def node_signature(node: PromptNode, spec: Any, upstream: dict[str, str], *, scope: str = "",
+                   fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
+    """The structural signature of `node` given its upstream nodes' signatures."""
+    parts = [node.class_type, scope]
+    if spec is not None and getattr(spec, "not_idempotent", False):
+        parts.append("#id:" + node.id)
+    if fingerprint is not None:
+        mark = fingerprint(node, spec)
+        if isinstance(mark, float) and math.isnan(mark):
+            parts.append(f"#fresh:{os.getpid()}:{next(_fresh)}")
+        elif mark is not None:
+            parts.append("#fp:" + _const_repr(mark))
+    for name in sorted(node.inputs):
+        value = node.inputs[name]
+        if type(value) is Link:
+            parts.append(f"{name}<{upstream.get(value.node, '?' + value.node)}:{value.output}")
+        else:
+            parts.append(f"{name}={_const_repr(value)}")
+    return hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def estimate_bytes(value: Any, _depth: int = 0) -> int:
+    """A cheap size estimate of a cached value (tensors and arrays by their buffers)."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if hasattr(value, "element_size") and hasattr(value, "nelement"):
+        return value.element_size() * value.nelement()
+    if _depth > 3:
+        return 64
+    if isinstance(value, (list, tuple)):
+        return 56 + sum(estimate_bytes(v, _depth + 1) for v in value[:1000])
+    if isinstance(value, dict):
+        return 232 + sum(estimate_bytes(v, _depth + 1) for v in list(value.values())[:1000])
+    if isinstance(value, (str, bytes)):
+        return 49 + len(value)
+    return sys.getsizeof(value) if isinstance(value, (int, float, bool)) else 64
+
+
+class OutputCache:
+    """Base class: a mapping from signature to CachedResult with a policy for what to keep."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self._entries: "OrderedDict[str, CachedResult]" = OrderedDict()
+
+    def get(self, signature: str) -> CachedResult | None:
+        entry = self._entries.get(signature)
+        if entry is not None:
+            self._entries.move_to_end(signature)
+        return entry
+
+    def put(self, signature: str, result: CachedResult) -> None:
+        self._entries[signature] = result
+        self._entries.move_to_end(signature)
+        self._trim()
+
+    def begin_prompt(self) -> None:
+        """Called before a prompt runs."""
+
+    def end_prompt(self, used: set[str]) -> None:
+        """Called after a prompt ran with every signature it used."""
+
+    def _trim(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, signature: str) -> bool:
+        return signature in self._entries
+
+
+class ClassicCache(OutputCache):
+    """Keeps exactly what the latest prompt used (ComfyUI's default behaviour)."""
+
+    name = "classic"
+
+    def end_prompt(self, used: set[str]) -> None:
+        for key in [k for k in self._entries if k not in used]:
+            del self._entries[key]
+
+
+class LRUCache(OutputCache):
+    """Keeps the `max_entries` most recently used results."""
+
+    name = "lru"
+
+    def __init__(self, max_entries: int) -> None:
+        super().__init__()
+        self.max_entries = max(1, int(max_entries))
+
+    def _trim(self) -> None:
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+class RAMPressureCache(OutputCache):
+    """Keeps results while their total size stays under `max_bytes` and the machine has headroom.
+
+    Evicts least recently used entries first; with `min_free_bytes`, also evicts while the system's
+    available memory is below it.
+    """
+
+    name = "ram"
+
+    def __init__(self, max_bytes: int | None = None, *, min_free_bytes: int = 2 * 2**30,
+                 available_bytes: Callable[[], int] | None = None) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+        self.min_free_bytes = min_free_bytes
+        self.total_bytes = 0
+        self._available = available_bytes or _available_memory_bytes
+
+    def put(self, signature: str, result: CachedResult) -> None:
+        if not result.size_bytes:
+            result.size_bytes = sum(estimate_bytes(v) for out in result.outputs for v in out)
+        old = self._entries.get(signature)
+        if old is not None:
+            self.total_bytes -= old.size_bytes
+        self.total_bytes += result.size_bytes
+        super().put(signature, result)
+
+    def _trim(self) -> None:
+        while len(self._entries) > 1 and (
+            (self.max_bytes is not None and self.total_bytes > self.max_bytes)
+        ):
+            _, entry = self._entries.popitem(last=False)
+            self.total_bytes -= entry.size_bytes
+
+    def end_prompt(self, used: set[str]) -> None:
+        # Pressure is checked once per prompt: reading system memory per put would dominate cheap nodes.
+        while self._entries and self._available() < self.min_free_bytes:
+            _, entry = self._entries.popitem(last=False)
+            self.total_bytes -= entry.size_bytes
+
+    def clear(self) -> None:
+        super().clear()
+        self.total_bytes = 0
+
+
+class NoCache(OutputCache):
+    """Keeps nothing between prompts (or between nodes: intermediates are freed when consumed)."""
+
+    name = "none"
+
+    def put(self, signature: str, result: CachedResult) -> None:
+        return None
+
+
+def _available_memory_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # without psutil, fall back to /proc
+        try:
+            with open("/proc/meminfo") as handle:
+                for line in handle:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return 1 << 62
+
+
+def make_cache(kind: str = "ram", *, lru_size: int = 0, ram_gb: float | None = None) -> OutputCache:
+    """Build the cache named by the command-line flags (`--cache-classic`, `--cache-lru N`, ...)."""
+    if kind == "classic":
+        return ClassicCache()
+    if kind == "lru":
+        return LRUCache(lru_size or 100)
+    if kind == "none":
+        return NoCache()
+    if kind == "ram":
+        min_free = int((ram_gb if ram_gb is not None else 4.0) * 2**30)
+        return RAMPressureCache(min_free_bytes=min_free)
+    raise ValueError(f"unknown cache kind {kind!r}; expected classic, lru, ram or none")

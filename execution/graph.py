@@ -1,0 +1,166 @@
+"""The prompt graph: API-format prompts parsed into typed links and named constants.
+
+API format in: `{id: {"class_type": str, "inputs": {name: value}, "_meta": {"title": str}}}`, where a
+value `[src_id, out_index]` is a link and `{"__value__": [...]}` wraps a list-valued constant.
+Expansion adds ephemeral nodes that carry their parent's id and a display id for the editor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A connection from output `output` of node `node`."""
+
+    node: str
+    output: int
+
+    def to_json(self) -> list:
+        return [self.node, self.output]
+
+
+@dataclass(slots=True)
+class PromptNode:
+    """One node instance: its class, its inputs (Link or constant) and where it came from."""
+
+    id: str
+    class_type: str
+    inputs: dict[str, Any]
+    title: str | None = None
+    parent: str | None = None  # the node whose expansion created this one
+    display_id: str = ""  # the UI node the editor highlights for this one
+    real_id: str | None = None  # for expansions that stand for an original body node (loops)
+    salt: str | None = None  # mixed into the cache key; an expansion uses it to opt out of reuse
+
+    def __post_init__(self):
+        if not self.display_id:
+            self.display_id = self.id
+
+    def links(self) -> Iterator[tuple[str, Link]]:
+        for name, value in self.inputs.items():
+            if type(value) is Link:
+                yield name, value
+
+    @property
+    def label(self) -> str:
+        """`5 'My title' (KSampler)`: how messages name a node."""
+        title = self.title or self.class_type
+        return f"{self.id} '{title}' ({self.class_type})"
+
+
+def is_link_value(value: Any) -> bool:
+    """ComfyUI's rule: any two-item list whose first item is a string id and second an int is a link."""
+    return (
+        isinstance(value, list) and len(value) == 2 and isinstance(value[0], (str, int))
+        and not isinstance(value[0], bool) and isinstance(value[1], int) and not isinstance(value[1], bool)
+    )
+
+
+def parse_input_value(value: Any) -> Any:
+    if isinstance(value, list) and is_link_value(value):
+        return Link(str(value[0]), value[1])
+    if isinstance(value, dict) and len(value) == 1 and "__value__" in value:
+        return value["__value__"]
+    return value
+
+
+class CycleError(ValueError):
+    """A dependency cycle; `path` lists node ids from a node back to itself."""
+
+    def __init__(self, path: list[str], labels: list[str]):
+        super().__init__("dependency cycle: " + " -> ".join(labels))
+        self.path = path
+        self.labels = labels
+
+
+@dataclass
+class Prompt:
+    """A parsed prompt. Node order follows the input; expansions append."""
+
+    nodes: dict[str, PromptNode] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> "Prompt":
+        """Parse an API prompt already checked structurally (see validation.check_structure)."""
+        nodes = {}
+        for node_id, body in data.items():
+            node_id = str(node_id)
+            meta = body.get("_meta") or {}
+            title = meta.get("title") if isinstance(meta, dict) else None
+            inputs = {name: parse_input_value(value) for name, value in (body.get("inputs") or {}).items()}
+            nodes[node_id] = PromptNode(node_id, body["class_type"], inputs, title if isinstance(title, str) else None)
+        return cls(nodes, data)
+
+    def __contains__(self, node_id: str) -> bool:
+        return node_id in self.nodes
+
+    def __getitem__(self, node_id: str) -> PromptNode:
+        return self.nodes[node_id]
+
+    def add(self, node: PromptNode) -> None:
+        if node.id in self.nodes:
+            raise ValueError(f"node id {node.id!r} already exists in the prompt")
+        self.nodes[node.id] = node
+
+    def ancestors(self, roots: list[str]) -> list[str]:
+        """Every node reachable upstream from `roots` (roots included), iteratively."""
+        seen: set[str] = set()
+        order: list[str] = []
+        stack = list(reversed(roots))
+        while stack:
+            node_id = stack.pop()
+            if node_id in seen or node_id not in self.nodes:
+                continue
+            seen.add(node_id)
+            order.append(node_id)
+            for _, link in self.nodes[node_id].links():
+                if link.node not in seen:
+                    stack.append(link.node)
+        return order
+
+    def topological_order(self, node_ids: list[str] | None = None) -> list[str]:
+        """Node ids sources-first (Kahn's algorithm); raises CycleError naming a cycle's path."""
+        ids = list(self.nodes) if node_ids is None else node_ids
+        members = set(ids)
+        indegree = dict.fromkeys(ids, 0)
+        consumers: dict[str, list[str]] = {i: [] for i in ids}
+        for node_id in ids:
+            for _, link in self.nodes[node_id].links():
+                if link.node in members:
+                    indegree[node_id] += 1
+                    consumers[link.node].append(node_id)
+        ready = [i for i in ids if indegree[i] == 0]
+        order = []
+        while ready:
+            node_id = ready.pop()
+            order.append(node_id)
+            for consumer in consumers[node_id]:
+                indegree[consumer] -= 1
+                if indegree[consumer] == 0:
+                    ready.append(consumer)
+        if len(order) < len(ids):
+            remaining = {i for i in ids if indegree[i] > 0}
+            path = self._find_cycle(remaining)
+            raise CycleError(path, [self.nodes[i].label for i in path])
+        return order
+
+    def _find_cycle(self, candidates: set[str]) -> list[str]:
+        """A concrete cycle among `candidates` (nodes left over by Kahn's algorithm)."""
+        start = min(candidates, key=lambda i: (len(i), i))
+        # Walk upstream inside the candidate set until a node repeats.
+        visited: dict[str, int] = {}
+        path: list[str] = []
+        current = start
+        while current not in visited:
+            visited[current] = len(path)
+            path.append(current)
+            nxt = next((l.node for _, l in self.nodes[current].links() if l.node in candidates), None)
+            if nxt is None:  # pragma: no cover - every leftover node has an upstream leftover
+                break
+            current = nxt
+        cycle = path[visited.get(current, 0):]
+        cycle.reverse()  # upstream walk reversed gives data-flow order
+        return cycle + [cycle[0]]

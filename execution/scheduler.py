@@ -1,0 +1,623 @@
+"""The scheduler: runs a validated prompt, pulling from its output nodes.
+
+State of one run (`_RunState`), all of it in one place:
+
+    prompt       the graph; expansions add ephemeral nodes to it while the run goes on
+    signature    node id -> structural cache key (computed once, sources first)
+    pending      nodes an output needs that have not finished
+    blocked_by   pending node -> the nodes it waits on (non-lazy inputs, requested lazy inputs,
+                 and, for a node that expanded, the nodes its result links point at)
+    waiters      node -> pending nodes blocked on it (the reverse of blocked_by)
+    ready        pending nodes with nothing to wait for, run last-in first-out (depth first,
+                 so intermediates are consumed and freed early)
+    running      async node calls in flight
+    finished     nodes whose outputs are in `values`
+    values       node id -> per-output lists of items (ComfyUI's list semantics)
+    uses         node id -> how many pending consumers still need its values; at zero the values
+                 are released (the cache may still hold them)
+    expansions   expanded node -> its result template, resolved once its sub-graph finished
+
+Only what the outputs need and the cache lacks runs. Lazy inputs are requested through
+`check_lazy_status` and the node is re-staged until satisfied. A node not marked input-is-list is
+called once per element of its list inputs (shorter lists repeat their last element); outputs marked
+is-list concatenate. `ExecutionBlocker` values skip their consumers. Interruption and cancellation
+are checked between nodes and inside progress callbacks.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import resource
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from execution import context as run_context
+from execution.cache import CachedResult, NoCache, OutputCache, node_signature
+from execution.events import EventBus, timestamp_ms
+from execution.graph import Link, Prompt, PromptNode, is_link_value, parse_input_value
+from execution.paths import Paths
+from execution.types import ExecutionBlocker, normalize_result
+from execution.validation import ValidatedPrompt
+
+
+class JobControl:
+    """Cooperative interruption of one job; set from any thread."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def interrupt(self) -> None:
+        self._event.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class JobResult:
+    """How a job ended, what its output nodes showed, and its per-node profile."""
+
+    prompt_id: str
+    status: str  # success | error | interrupted
+    outputs: dict[str, dict] = field(default_factory=dict)  # display node id -> ui output
+    error: dict | None = None
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    profile: dict[str, dict] = field(default_factory=dict)
+    messages: list[tuple[str, dict]] = field(default_factory=list)
+    meta: dict[str, dict] = field(default_factory=dict)
+
+
+class NodeExecutionError(Exception):
+    """A node raised; carries the event payload for execution_error."""
+
+    def __init__(self, payload: dict):
+        super().__init__(payload.get("exception_message", ""))
+        self.payload = payload
+
+
+def _merge_ui(into: dict, ui: dict) -> None:
+    for key, value in ui.items():
+        if isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = into[key] + value
+        else:
+            into[key] = value
+
+
+def _summarise(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{type(value).__name__}{tuple(shape)} {getattr(value, 'dtype', '')}".strip()
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    if isinstance(value, str):
+        return value if len(value) < 200 else value[:200] + "..."
+    if isinstance(value, (list, tuple)):
+        return [_summarise(v) for v in value[:8]]
+    if isinstance(value, dict):
+        return {str(k): _summarise(v) for k, v in list(value.items())[:16]}
+    return type(value).__name__
+
+
+class Executor:
+    """Runs prompts against a registry with one output cache shared across jobs."""
+
+    def __init__(self, registry, *, cache: OutputCache | None = None, events: EventBus | None = None,
+                 paths: Paths | None = None, runtime: dict | None = None) -> None:
+        self.registry = registry
+        self.cache = cache if cache is not None else NoCache()
+        self.events = events or EventBus()
+        self.paths = paths or Paths(".")
+        self.runtime = runtime if runtime is not None else {}
+        self._lock = threading.Lock()  # one prompt at a time: nodes share models and memory
+
+    def run(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
+            control: JobControl | None = None) -> JobResult:
+        """Run a validated prompt to completion (blocking)."""
+        with self._lock:
+            return asyncio.run(self.run_async(validated, prompt_id=prompt_id, extra_data=extra_data,
+                                              control=control))
+
+    async def run_async(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
+                        control: JobControl | None = None) -> JobResult:
+        state = _RunState(self, validated.prompt, prompt_id, extra_data or {}, control or JobControl())
+        return await state.run(validated.outputs)
+
+
+_sequence = itertools.count()
+
+
+class _RunState:
+    """One prompt's scheduler state (see the module docstring for each field)."""
+
+    def __init__(self, executor: Executor, prompt: Prompt, prompt_id: str, extra_data: dict,
+                 control: JobControl) -> None:
+        self.ex = executor
+        self.registry = executor.registry
+        self.cache = executor.cache
+        self.bus = executor.events
+        self.prompt = prompt
+        self.prompt_id = prompt_id
+        self.extra_data = extra_data
+        self.control = control
+        self.signature: dict[str, str] = {}
+        self.pending: set[str] = set()
+        self.blocked_by: dict[str, set[str]] = {}
+        self.waiters: dict[str, set[str]] = defaultdict(set)
+        self.ready: list[str] = []
+        self.running: dict[asyncio.Task, str] = {}
+        self.finished: set[str] = set()
+        self.values: dict[str, list[list[Any]]] = {}
+        self.uses: dict[str, int] = defaultdict(int)
+        self.deps: dict[str, set[str]] = {}
+        self.lazy_requested: dict[str, set[str]] = {}
+        self.expansions: dict[str, list[Any]] = {}
+        self.output_roots: set[str] = set()
+        self.used_signatures: set[str] = set()
+        self.result = JobResult(prompt_id, "success")
+        self.cached_now: list[str] = []
+
+    # ------------------------------------------------------------------ events
+    def emit(self, event: str, data: dict) -> None:
+        if event in ("execution_start", "execution_cached", "execution_success", "execution_error",
+                     "execution_interrupted"):
+            self.result.messages.append((event, data))
+        if self.bus.active:
+            self.bus.emit(event, data)
+
+    # ------------------------------------------------------------------ signatures
+    def _fingerprint(self, node: PromptNode, spec) -> Any:
+        fingerprint = getattr(spec, "fingerprint", None)
+        if fingerprint is None:
+            return node.salt
+        constants = {k: v for k, v in node.inputs.items() if type(v) is not Link}
+        try:
+            mark = fingerprint(**spec.group_arguments(constants))
+        except Exception:  # a failing fingerprint means "cannot tell": always run
+            mark = float("nan")
+        if node.salt is None or (isinstance(mark, float) and mark != mark):
+            return mark
+        return (node.salt, mark)
+
+    def compute_signatures(self, node_ids: list[str]) -> None:
+        for node_id in self.prompt.topological_order(node_ids):
+            node = self.prompt.nodes[node_id]
+            spec = self.registry.get(node.class_type)
+            self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
+
+    # ------------------------------------------------------------------ needing nodes
+    def _deps_of(self, node: PromptNode, spec) -> set[str]:
+        requested = self.lazy_requested.get(node.id, ())
+        deps = set()
+        for name, link in node.links():
+            inp = spec.input(name) if "." not in name else None
+            lazy = inp.lazy if inp is not None else _dotted_lazy(spec, node, name)
+            if not lazy or name in requested:
+                deps.add(link.node)
+        return deps
+
+    def need(self, roots) -> None:
+        """Make `roots` and what they need pending (or finished from the cache), iteratively."""
+        stack = list(roots)
+        while stack:
+            node_id = stack.pop()
+            if node_id in self.finished or node_id in self.pending:
+                continue
+            node = self.prompt.nodes[node_id]
+            spec = self.registry.get(node.class_type)
+            if node_id not in self.signature:  # an expansion linked to a node outside the outputs' ancestry
+                self.compute_signatures([n for n in self.prompt.ancestors([node_id]) if n not in self.signature])
+            signature = self.signature[node_id]
+            self.used_signatures.add(signature)
+            hit = self.cache.get(signature)
+            if hit is not None:
+                self.values[node_id] = hit.outputs
+                self.result.cached.append(node_id)
+                self.cached_now.append(node_id)
+                if hit.ui:
+                    self._record_ui(node, hit.ui)
+                self._finish(node_id)
+                continue
+            self.pending.add(node_id)
+            deps = self._deps_of(node, spec)
+            self._wait_for(node_id, deps, stack)
+
+    def _wait_for(self, node_id: str, deps: set[str], stack: list[str]) -> None:
+        known = self.deps.setdefault(node_id, set())
+        blocked = self.blocked_by.get(node_id, set())
+        for dep in deps:
+            if dep not in known:
+                known.add(dep)
+                self.uses[dep] += 1
+            if dep not in self.finished:
+                blocked.add(dep)
+                self.waiters[dep].add(node_id)
+                stack.append(dep)
+        if blocked:
+            self.blocked_by[node_id] = blocked
+        else:
+            self.blocked_by.pop(node_id, None)
+            self.ready.append(node_id)
+
+    def _finish(self, node_id: str) -> None:
+        self.pending.discard(node_id)
+        self.finished.add(node_id)
+        for waiter in self.waiters.pop(node_id, ()):
+            blocked = self.blocked_by.get(waiter)
+            if blocked is None:
+                continue
+            blocked.discard(node_id)
+            if not blocked:
+                del self.blocked_by[waiter]
+                self.ready.append(waiter)
+        if self.uses.get(node_id, 0) == 0 and node_id not in self.output_roots:
+            self._release(node_id)
+
+    def _consumed(self, node_id: str) -> None:
+        """`node_id` finished: it no longer needs its inputs' values."""
+        for dep in self.deps.pop(node_id, ()):
+            self.uses[dep] -= 1
+            if self.uses[dep] <= 0 and dep in self.finished:
+                self._release(dep)
+
+    def _release(self, node_id: str) -> None:
+        self.uses.pop(node_id, None)
+        if node_id in self.values:
+            del self.values[node_id]
+            self.finished.discard(node_id)
+
+    # ------------------------------------------------------------------ running
+    async def run(self, outputs: list[str]) -> JobResult:
+        self.emit("execution_start", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
+        self.cache.begin_prompt()
+        try:
+            self.compute_signatures(self.prompt.ancestors(outputs))
+            self.output_roots = set()
+            self.need(outputs)
+            if self.cached_now:
+                self.emit("execution_cached", {"nodes": list(self.cached_now), "prompt_id": self.prompt_id,
+                                               "timestamp": timestamp_ms()})
+                self.cached_now = []
+            await self._loop()
+        except NodeExecutionError as failure:
+            self.result.status = "error"
+            self.result.error = failure.payload
+            self.emit("execution_error", failure.payload)
+        except run_context.ExecutionInterrupted as stop:
+            self._interrupted(getattr(stop, "node", None))
+        except Exception as exc:  # a scheduler fault ends this job, never the process
+            self.result.status = "error"
+            self.result.error = {
+                "prompt_id": self.prompt_id, "node_id": None, "node_type": None,
+                "executed": list(self.result.executed), "exception_message": str(exc),
+                "exception_type": type(exc).__name__,
+                "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:],
+                "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()}
+            self.emit("execution_error", self.result.error)
+        finally:
+            for task in list(self.running):
+                task.cancel()
+            self.cache.end_prompt(self.used_signatures)
+        if self.result.status == "success":
+            self.emit("execution_success", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
+        if self.bus.active:
+            self.bus.emit("executing", {"node": None, "display_node": None, "prompt_id": self.prompt_id})
+        return self.result
+
+    def _interrupted(self, node: PromptNode | None) -> None:
+        self.result.status = "interrupted"
+        payload = {"prompt_id": self.prompt_id, "node_id": node.id if node else None,
+                   "node_type": node.class_type if node else None, "executed": list(self.result.executed),
+                   "timestamp": timestamp_ms()}
+        self.result.error = payload
+        self.emit("execution_interrupted", payload)
+
+    async def _loop(self) -> None:
+        while self.ready or self.running:
+            if self.control.interrupted:
+                stop = run_context.ExecutionInterrupted("interrupted")
+                stop.node = None
+                raise stop
+            if self.ready:
+                node_id = self.ready.pop()
+                if node_id in self.expansions:
+                    self._resolve_expansion(node_id)
+                    continue
+                await self._start(node_id)
+                continue
+            done, _ = await asyncio.wait(list(self.running), return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                node_id = self.running.pop(task)
+                task.result()  # re-raises NodeExecutionError / interruption
+        if self.pending:
+            stuck = sorted(self.pending)[:10]
+            raise NodeExecutionError({
+                "prompt_id": self.prompt_id, "node_id": stuck[0], "node_type": self.prompt.nodes[stuck[0]].class_type,
+                "executed": list(self.result.executed), "exception_message":
+                    f"nodes {stuck} could never run: their inputs were not produced", "exception_type": "RuntimeError",
+                "traceback": [], "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()})
+
+    def _gather_inputs(self, node: PromptNode, spec) -> tuple[dict[str, list[Any]], list[str]]:
+        """Per-input item lists for a call, and the lazy inputs not evaluated yet."""
+        flat = spec.instance_inputs(node.inputs)
+        gathered: dict[str, list[Any]] = {}
+        unevaluated: list[str] = []
+        for name, inp in flat.items():
+            if inp.kind == "hidden":
+                gathered[name] = [self._hidden(node, inp.type)]
+                continue
+            if name not in node.inputs:
+                continue
+            value = node.inputs[name]
+            if type(value) is Link:
+                produced = self.values.get(value.node)
+                if produced is None:
+                    unevaluated.append(name)
+                    gathered[name] = [None]
+                else:
+                    gathered[name] = produced[value.output]
+            else:
+                gathered[name] = [value]
+        return gathered, unevaluated
+
+    def _hidden(self, node: PromptNode, kind: str) -> Any:
+        if kind == "UNIQUE_ID":
+            return node.id
+        if kind == "PROMPT":
+            return self.prompt.raw
+        if kind == "EXTRA_PNGINFO":
+            return self.extra_data.get("extra_pnginfo")
+        if kind == "DYNPROMPT":
+            return self.prompt
+        return self.extra_data.get(kind.lower())
+
+    def _context(self, node: PromptNode) -> run_context.RunContext:
+        return run_context.RunContext(
+            prompt_id=self.prompt_id, node_id=node.id, display_node_id=node.display_id, paths=self.ex.paths,
+            emit=self.emit, is_interrupted=lambda: self.control.interrupted, runtime=self.ex.runtime,
+            parent_node_id=node.parent, real_node_id=node.real_id or node.id)
+
+    async def _start(self, node_id: str) -> None:
+        node = self.prompt.nodes[node_id]
+        spec = self.registry.get(node.class_type)
+        gathered, unevaluated = self._gather_inputs(node, spec)
+        if spec.check_lazy_status is not None and unevaluated:
+            wanted = await self._call_guarded(node, spec, self._lazy_status, spec, gathered, unevaluated)
+            missing = [name for name in wanted if name in unevaluated]
+            if missing:
+                self.lazy_requested.setdefault(node_id, set()).update(missing)
+                sources = {node.inputs[name].node for name in missing}
+                stack: list[str] = []
+                self._wait_for(node_id, sources, stack)
+                self.need(stack)
+                return
+        if spec.is_async:
+            task = asyncio.ensure_future(self._execute(node, spec, gathered))
+            self.running[task] = node_id
+        else:
+            await self._execute(node, spec, gathered)
+
+    def _lazy_status(self, spec, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
+        args = {k: (v if spec.input_is_list else (v[0] if v else None)) for k, v in gathered.items()}
+        for name in unevaluated:
+            args[name] = None
+        wanted = spec.check_lazy_status(**spec.group_arguments(args))
+        if wanted is None:
+            return []
+        if isinstance(wanted, str):
+            wanted = [wanted]
+        return [str(w) for w in wanted]
+
+    async def _call_guarded(self, node: PromptNode, spec, fn, *args):
+        token = run_context.activate(self._context(node))
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except run_context.ExecutionInterrupted as stop:
+            stop.node = node
+            raise
+        except Exception as exc:
+            raise NodeExecutionError(self._error_payload(node, exc, args[1] if len(args) > 1 else {})) from exc
+        finally:
+            run_context.deactivate(token)
+
+    def _error_payload(self, node: PromptNode, exc: BaseException, gathered: Any) -> dict:
+        inputs = {}
+        if isinstance(gathered, dict):
+            inputs = {k: _summarise(v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in gathered.items()}
+        return {
+            "prompt_id": self.prompt_id, "node_id": node.display_id, "node_type": node.class_type,
+            "executed": list(self.result.executed), "exception_message": f"{exc}",
+            "exception_type": type(exc).__name__,
+            "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:],
+            "current_inputs": inputs, "current_outputs": {}, "timestamp": timestamp_ms(),
+            "real_node_id": node.id,
+        }
+
+    async def _execute(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
+        if self.control.interrupted:
+            stop = run_context.ExecutionInterrupted("interrupted")
+            stop.node = node
+            raise stop
+        node_id = node.id
+        if self.bus.active:
+            self.emit("executing", {"node": node.display_id, "display_node": node.display_id,
+                                    "prompt_id": self.prompt_id})
+            self.emit("progress_state", {"prompt_id": self.prompt_id, "nodes": {node.display_id: {
+                "value": 0, "max": 1, "state": "running", "node_id": node.display_id, "prompt_id": self.prompt_id,
+                "display_node_id": node.display_id, "parent_node_id": node.parent, "real_node_id": node.real_id or node.id}}})
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        blocked = self._blocker_in(gathered)
+        calls = 0
+        if blocked is not None:
+            if spec.output_node and blocked.message:
+                raise NodeExecutionError(self._error_payload(node, RuntimeError(blocked.message), gathered))
+            outputs = [[blocked] for _ in spec.outputs]
+            ui, expand = None, []
+        else:
+            outputs, ui, expand, calls = await self._map_calls(node, spec, gathered)
+        wall = time.perf_counter() - wall0
+        self.result.profile[node_id] = {
+            "class_type": node.class_type, "display_node": node.display_id, "cached": False,
+            "wall_ms": round(wall * 1000, 3), "cpu_ms": round((time.thread_time() - cpu0) * 1000, 3),
+            "peak_rss_growth_bytes": max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024,
+            "calls": calls,
+        }
+        self.result.executed.append(node_id)
+        if ui:
+            self._record_ui(node, ui)
+        if expand:
+            self._expand(node, spec, outputs, ui, expand)
+            return
+        self._complete(node, outputs, ui)
+
+    def _complete(self, node: PromptNode, outputs: list[list[Any]], ui: dict | None) -> None:
+        self.values[node.id] = outputs
+        signature = self.signature[node.id]
+        self.cache.put(signature, CachedResult(outputs, ui))
+        self._consumed(node.id)
+        self._finish(node.id)
+
+    def _record_ui(self, node: PromptNode, ui: dict) -> None:
+        key = node.display_id
+        merged = self.result.outputs.setdefault(key, {})
+        _merge_ui(merged, ui)
+        self.result.meta[key] = {"node_id": key, "display_node": key, "parent_node": node.parent,
+                                 "real_node_id": node.real_id or node.id}
+        self.emit("executed", {"node": key, "display_node": key, "output": ui, "prompt_id": self.prompt_id})
+
+    @staticmethod
+    def _blocker_in(gathered: dict[str, list[Any]]) -> ExecutionBlocker | None:
+        for items in gathered.values():
+            for item in items:
+                if type(item) is ExecutionBlocker:
+                    return item
+        return None
+
+    async def _map_calls(self, node: PromptNode, spec, gathered: dict[str, list[Any]]):
+        if spec.input_is_list:
+            call_args = [gathered]
+        else:
+            lengths = [len(v) for v in gathered.values()]
+            count = 0 if any(n == 0 for n in lengths) else max(lengths, default=1)
+            call_args = [{k: v[i] if i < len(v) else v[-1] for k, v in gathered.items()} for i in range(count)]
+        outputs: list[list[Any]] = [[] for _ in spec.outputs]
+        ui: dict = {}
+        expansions = []
+        context = self._context(node)
+        for args in call_args:
+            token = run_context.activate(context)
+            try:
+                result = spec.execute(**spec.group_arguments(args))
+                if inspect.isawaitable(result):
+                    result = await result
+                result = normalize_result(spec, result)
+            except run_context.ExecutionInterrupted as stop:
+                stop.node = node
+                raise
+            except Exception as exc:
+                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
+            finally:
+                run_context.deactivate(token)
+            if result.ui:
+                _merge_ui(ui, result.ui)
+            if result.expand:
+                expansions.append(result.expand)
+            for index, out_spec in enumerate(spec.outputs):
+                value = result.values[index] if index < len(result.values) else None
+                if out_spec.is_list and not (result.expand and is_link_value(value)):
+                    outputs[index].extend(value if isinstance(value, (list, tuple)) else [value])
+                else:
+                    outputs[index].append(value)
+        return outputs, (ui or None), expansions, len(call_args)
+
+    # ------------------------------------------------------------------ expansion
+    def _expand(self, node: PromptNode, spec, outputs: list[list[Any]], ui: dict | None, graphs: list[dict]) -> None:
+        if len(graphs) > 1:
+            raise NodeExecutionError(self._error_payload(
+                node, RuntimeError("a node that expands cannot also be mapped over a list input"), {}))
+        graph = graphs[0]
+        prefix = f"{node.id}."
+        renamed = {str(child): prefix + str(child) for child in graph}
+        new_ids = []
+        for child, body in graph.items():
+            inputs = {}
+            for name, value in (body.get("inputs") or {}).items():
+                value = parse_input_value(value)
+                if type(value) is Link:
+                    value = Link(renamed.get(value.node, value.node), value.output)
+                inputs[name] = value
+            new = PromptNode(renamed[str(child)], body["class_type"], inputs, (body.get("_meta") or {}).get("title"),
+                             parent=node.id, display_id=str(body.get("override_display_id") or node.display_id),
+                             real_id=body.get("real_node_id"))
+            new.salt = body.get("cache_salt")
+            if self.registry.get(new.class_type) is None:
+                raise NodeExecutionError(self._error_payload(
+                    node, RuntimeError(f"expansion uses unknown node type {new.class_type!r}"), {}))
+            self.prompt.add(new)
+            new_ids.append(new.id)
+        self.compute_signatures(new_ids)
+        # The parent's outputs: links into its expansion, resolved when those nodes finish.
+        template = []
+        targets = set()
+        for values in outputs:
+            resolved = []
+            for value in values:
+                if is_link_value(value):
+                    link = Link(renamed.get(str(value[0]), str(value[0])), value[1])
+                    targets.add(link.node)
+                    resolved.append(link)
+                else:
+                    resolved.append(value)
+            template.append(resolved)
+        self.expansions[node.id] = template
+        for child in new_ids:
+            child_spec = self.registry.get(self.prompt.nodes[child].class_type)
+            if child_spec.output_node:
+                targets.add(child)
+        stack: list[str] = []
+        self._wait_for(node.id, targets, stack)
+        self.need(stack)
+
+    def _resolve_expansion(self, node_id: str) -> None:
+        template = self.expansions.pop(node_id)
+        outputs = []
+        for items in template:
+            resolved: list[Any] = []
+            for item in items:
+                if type(item) is Link:
+                    resolved.extend(self.values[item.node][item.output])
+                else:
+                    resolved.append(item)
+            outputs.append(resolved)
+        node = self.prompt.nodes[node_id]
+        self._complete(node, outputs, None)
+
+
+def _dotted_lazy(spec, node: PromptNode, name: str) -> bool:
+    flat = spec.instance_inputs(node.inputs)
+    inp = flat.get(name)
+    return bool(inp is not None and inp.lazy)
+
+
+def print_profile_table(result: JobResult, prompt: Prompt, stream=sys.stdout) -> None:
+    """A per-node time table for the terminal."""
+    rows = sorted(result.profile.items(), key=lambda kv: -kv[1]["wall_ms"])
+    print(f"{'node':>10}  {'class':<28} {'wall ms':>10} {'cpu ms':>10} {'rss +MB':>8}", file=stream)
+    for node_id, row in rows[:40]:
+        print(f"{row['display_node']:>10}  {row['class_type'][:28]:<28} {row['wall_ms']:>10.1f} {row['cpu_ms']:>10.1f} "
+              f"{row['peak_rss_growth_bytes'] / 2**20:>8.1f}", file=stream)
+    if len(rows) > 40:
+        print(f"... {len(rows) - 40} more nodes", file=stream)
+    if result.cached:
+        print(f"{len(result.cached)} node(s) served from the cache", file=stream)

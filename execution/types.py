@@ -1,0 +1,73 @@
+"""Runtime values shared by nodes and the executor: results, blockers, link typing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MATCH_TYPE = "COMFY_MATCHTYPE_V3"
+
+
+class ExecutionBlocker:
+    """Returned in place of an output value: nodes that consume it do not run.
+
+    With a message, reaching an output node is an error shown to the user; without one the branch
+    is silently skipped (ComfyUI's semantics).
+    """
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str | None = None):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ExecutionBlocker({self.message!r})"
+
+
+@dataclass
+class NodeOutput:
+    """What a node's execute returns: output values, an optional UI dict, optional expansion."""
+
+    values: tuple = ()
+    ui: dict | None = None
+    expand: dict | None = None
+
+    @classmethod
+    def of(cls, *values: Any, ui: dict | None = None, expand: dict | None = None) -> "NodeOutput":
+        return cls(tuple(values), ui, expand)
+
+
+def types_compatible(source: str, target: str) -> bool:
+    """ComfyUI's link typing: `*` matches all, comma lists are unions, match-type accepts all."""
+    if source == target or source == "*" or target == "*" or target == MATCH_TYPE or source == MATCH_TYPE:
+        return True
+    source_set = {s.strip() for s in str(source).split(",")}
+    target_set = {t.strip() for t in str(target).split(",")}
+    if "*" in source_set or "*" in target_set:
+        return True
+    return bool(source_set & target_set)
+
+
+def normalize_result(spec: Any, result: Any) -> NodeOutput:
+    """Bring what execute returned (tuple, NodeOutput, classic dict, None) into a NodeOutput."""
+    if isinstance(result, NodeOutput):
+        out = result
+    elif isinstance(result, dict) and ({"result", "ui", "expand"} & result.keys()):
+        values = result.get("result", ())
+        out = NodeOutput(tuple(values) if values is not None else (), result.get("ui"), result.get("expand"))
+    elif result is None:
+        out = NodeOutput(())
+    elif isinstance(result, tuple):
+        out = NodeOutput(result)
+    elif isinstance(result, list) and len(spec.outputs) == len(result):
+        out = NodeOutput(tuple(result))
+    else:
+        raise TypeError(
+            f"node '{spec.node_id}' returned {type(result).__name__}; expected a tuple of "
+            f"{len(spec.outputs)} value(s), a NodeOutput or a dict with 'result'/'ui'/'expand'"
+        )
+    if len(out.values) != len(spec.outputs) and not (spec.output_node and not out.values):
+        raise TypeError(
+            f"node '{spec.node_id}' returned {len(out.values)} value(s) but declares "
+            f"{len(spec.outputs)} output(s)"
+        )
+    return out

@@ -1,0 +1,327 @@
+"""Prompt validation: one path for the server, the headless runner and the editor's pre-check.
+
+First a JSON Schema checks the prompt's structure, then every node that an output needs is checked
+against its NodeSpec: class known, required inputs present, links well formed and typed, constants
+coerced and within bounds, choices valid, custom validators, and no cycles. Errors come back in
+ComfyUI's `{error, node_errors}` shape, each message naming the node id, title, class and input.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from execution.errors import PromptError, node_error
+from execution.graph import CycleError, Link, Prompt, PromptNode, is_link_value
+from execution.types import types_compatible
+
+PROMPT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "API-format prompt",
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": {
+        "type": "object",
+        "required": ["class_type"],
+        "properties": {
+            "class_type": {"type": "string", "minLength": 1},
+            "inputs": {"type": "object"},
+            "_meta": {"type": "object"},
+            "is_changed": {},
+        },
+    },
+}
+_SCHEMA_VALIDATOR = jsonschema.Draft202012Validator(PROMPT_SCHEMA)
+
+INT_MAX = 2**63 - 1
+
+
+@dataclass
+class ValidatedPrompt:
+    """A prompt that passed validation: the graph, the outputs to run, and errors of dropped outputs."""
+
+    prompt: Prompt
+    outputs: list[str]
+    node_errors: dict[str, dict] = field(default_factory=dict)
+
+
+def check_structure(data: Any) -> None:
+    """Raise PromptError(invalid_prompt) unless `data` is an API-format prompt object."""
+    if not isinstance(data, dict):
+        raise PromptError("invalid_prompt", "Invalid prompt: expected a JSON object of nodes",
+                          f"got {type(data).__name__}")
+    # The fast check mirrors the schema; the schema validator runs to describe a failure precisely.
+    for node_id, body in data.items():
+        if not (isinstance(body, dict) and isinstance(body.get("class_type"), str) and body["class_type"]
+                and isinstance(body.get("inputs", {}), dict)
+                and isinstance(body.get("_meta", {}), dict)):
+            break
+    else:
+        if data:
+            return
+    error = jsonschema.exceptions.best_match(_SCHEMA_VALIDATOR.iter_errors(data))
+    where = "/".join(str(p) for p in error.absolute_path) if error is not None else ""
+    detail = f"at '{where}': {error.message}" if error is not None else "prompt is empty"
+    node_id = str(error.absolute_path[0]) if error is not None and error.absolute_path else None
+    message = "Invalid prompt: " + (
+        f"node {node_id} is malformed" if node_id else "the prompt is not a JSON object of nodes"
+    )
+    raise PromptError("invalid_prompt", message, detail, extra_info={"node_id": node_id} if node_id else {})
+
+
+def _config_json(spec) -> Any:
+    try:
+        from_info = spec.options
+        return [spec.type, dict(from_info)]
+    except Exception:  # pragma: no cover
+        return None
+
+
+class _NodeChecker:
+    """Checks one prompt; memoises per-node results so each node is checked once."""
+
+    def __init__(self, prompt: Prompt, registry, *, max_loop_iterations: int | None = None):
+        self.prompt = prompt
+        self.registry = registry
+        self.errors: dict[str, list[dict]] = {}
+        self.checked: dict[str, bool] = {}
+
+    def fail(self, node: PromptNode, error: dict) -> None:
+        self.errors.setdefault(node.id, []).append(error)
+
+    def check_tree(self, root: str) -> bool:
+        """Check `root` and everything upstream of it; True when all are valid."""
+        ok = True
+        for node_id in self.prompt.ancestors([root]):
+            if node_id not in self.checked:
+                self.checked[node_id] = self.check_node(self.prompt.nodes[node_id])
+            ok = ok and self.checked[node_id]
+        return ok
+
+    def check_node(self, node: PromptNode) -> bool:
+        spec = self.registry.get(node.class_type)
+        if spec is None:
+            self.fail(node, node_error(
+                "missing_node_type", f"Node {node.label}: node type '{node.class_type}' is not registered",
+                f"Node type '{node.class_type}' not found. The custom node may not be installed."))
+            return False
+        node.inputs = spec.normalize_input_names(node.inputs)
+        flat = spec.instance_inputs(node.inputs)
+        before = len(self.errors.get(node.id, ()))
+        for name, inp in flat.items():
+            if inp.kind == "hidden":
+                continue
+            value = node.inputs.get(name)
+            if name not in node.inputs or value is None:
+                if inp.kind == "required":
+                    self.fail(node, node_error(
+                        "required_input_missing",
+                        f"Node {node.label}: required input '{name}' is missing",
+                        f"{name}: expected {inp.type}, received nothing",
+                        input_name=name, input_config=_config_json(inp)))
+                continue
+            if type(value) is Link:
+                self.check_link(node, name, inp, value)
+            elif is_link_value(value) or (isinstance(value, list) and value and len(value) == 2 and not inp.is_widget):
+                self.fail(node, node_error("bad_linked_input", f"Node {node.label}: input '{name}' has a malformed link",
+                                           f"{name}: received {value!r}", input_name=name,
+                                           input_config=_config_json(inp), received_value=value))
+            else:
+                coerced = self.check_constant(node, name, inp, value)
+                if coerced is not _INVALID:
+                    node.inputs[name] = coerced
+        if len(self.errors.get(node.id, ())) == before and getattr(spec, "validate_inputs", None):
+            self.custom_validation(node, spec, flat)
+        return len(self.errors.get(node.id, ())) == 0
+
+    def check_link(self, node: PromptNode, name: str, inp, link: Link) -> None:
+        source = self.prompt.nodes.get(link.node)
+        if source is None:
+            self.fail(node, node_error(
+                "bad_linked_input", f"Node {node.label}: input '{name}' links to node {link.node}, which does not exist",
+                f"{name}: received link [{link.node}, {link.output}]", input_name=name,
+                input_config=_config_json(inp), received_value=link.to_json()))
+            return
+        source_spec = self.registry.get(source.class_type)
+        if source_spec is None:
+            return  # the source reports missing_node_type itself
+        if link.output < 0 or link.output >= len(source_spec.outputs):
+            self.fail(node, node_error(
+                "bad_linked_input",
+                f"Node {node.label}: input '{name}' links to output {link.output} of node {source.label}, "
+                f"which has {len(source_spec.outputs)} output(s)",
+                f"{name}: output index {link.output} out of range", input_name=name,
+                input_config=_config_json(inp), received_value=link.to_json()))
+            return
+        source_type = source_spec.outputs[link.output].type
+        if not types_compatible(source_type, inp.type):
+            self.fail(node, node_error(
+                "return_type_mismatch",
+                f"Node {node.label}: input '{name}' expects {inp.type} but node {source.label} output "
+                f"{link.output} gives {source_type}",
+                f"{name}: expected {inp.type}, received {source_type}", input_name=name,
+                input_config=_config_json(inp), received_value=link.to_json()))
+
+    def check_constant(self, node: PromptNode, name: str, inp, value: Any) -> Any:
+        kind = inp.type
+        opts = inp.options
+        try:
+            if kind == "INT":
+                if isinstance(value, bool):
+                    raise ValueError
+                if isinstance(value, float):
+                    if not value.is_integer():
+                        raise ValueError
+                    value = int(value)
+                elif isinstance(value, str):
+                    value = int(value.strip())
+                elif not isinstance(value, int):
+                    raise ValueError
+            elif kind == "FLOAT":
+                if isinstance(value, bool):
+                    raise ValueError
+                value = float(value)
+                if math.isnan(value) or math.isinf(value):
+                    raise ValueError
+            elif kind == "STRING":
+                if not isinstance(value, str):
+                    raise ValueError
+            elif kind == "BOOLEAN":
+                if isinstance(value, str) and value.lower() in ("true", "false"):
+                    value = value.lower() == "true"
+                elif not isinstance(value, bool):
+                    raise ValueError
+        except (ValueError, TypeError, OverflowError):
+            self.fail(node, node_error(
+                "invalid_input_type",
+                f"Node {node.label}: input '{name}' expects {kind}, received {value!r}",
+                f"{name}: could not convert {value!r} to {kind}", input_name=name,
+                input_config=_config_json(inp), received_value=value))
+            return _INVALID
+        if kind in ("INT", "FLOAT"):
+            low, high = opts.get("min"), opts.get("max")
+            if low is not None and value < low:
+                self.fail(node, node_error(
+                    "value_smaller_than_min",
+                    f"Node {node.label}: input '{name}' is {value}, smaller than its minimum {low}",
+                    f"{name}: {value} < {low}", input_name=name, input_config=_config_json(inp), received_value=value))
+                return _INVALID
+            if high is not None and value > high:
+                self.fail(node, node_error(
+                    "value_bigger_than_max",
+                    f"Node {node.label}: input '{name}' is {value}, bigger than its maximum {high}",
+                    f"{name}: {value} > {high}", input_name=name, input_config=_config_json(inp), received_value=value))
+                return _INVALID
+        if kind == "COMBO" or getattr(inp, "dynamic_options", None):
+            choices = list(inp.dynamic_options) if inp.dynamic_options else inp.choice_list()
+            if isinstance(value, list) and not inp.dynamic_options and opts.get("multiselect"):
+                bad = [v for v in value if v not in choices]
+            else:
+                bad = [] if value in choices else [value]
+            if bad:
+                folder = getattr(inp, "folder", "")
+                where = f" (searched folder: {folder})" if folder else ""
+                shown = choices if len(choices) <= 20 else choices[:20] + ["..."]
+                self.fail(node, node_error(
+                    "value_not_in_list",
+                    f"Node {node.label}: input '{name}' value {value!r} is not among the choices{where}",
+                    f"{name}: {value!r} not in {shown}", input_name=name, input_config=_config_json(inp),
+                    received_value=value))
+                return _INVALID
+        return value
+
+    def custom_validation(self, node: PromptNode, spec, flat: dict) -> None:
+        takes = getattr(spec, "validate_takes", frozenset()) or frozenset()
+        kwargs = {}
+        for name, value in node.inputs.items():
+            if type(value) is Link:
+                if name in takes:
+                    kwargs[name] = None
+                continue
+            kwargs[name] = value
+        try:
+            result = spec.validate_inputs(**spec.group_arguments(kwargs))
+        except Exception as exc:  # a validator that raises is reported, never crashes validation
+            self.fail(node, node_error(
+                "exception_during_validation", f"Node {node.label}: validation raised {type(exc).__name__}: {exc}",
+                f"{type(exc).__name__}: {exc}"))
+            return
+        if result is True or result is None:
+            return
+        problems = result if isinstance(result, (list, tuple)) else [result]
+        for problem in problems:
+            if isinstance(problem, dict):
+                name = problem.get("input_name")
+                self.fail(node, node_error("custom_validation_failed", f"Node {node.label}: {problem.get('message')}",
+                                           str(problem.get("details", problem.get("message"))),
+                                           input_name=name, received_value=node.inputs.get(name)))
+            else:
+                self.fail(node, node_error("custom_validation_failed", f"Node {node.label}: {problem}", str(problem)))
+
+
+_INVALID = object()
+
+
+def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = None,
+                    extra_checks=None) -> ValidatedPrompt:
+    """Validate an API prompt; raise PromptError (ComfyUI's shape) when nothing can run.
+
+    `extra_checks(prompt, registry) -> {node_id: [error, ...]}` lets structural rules that span
+    several nodes (such as loop pairing) report through the same path.
+    """
+    check_structure(data)
+    prompt = Prompt.from_api(data)
+    for node in prompt.nodes.values():
+        if registry.get(node.class_type) is None:
+            raise PromptError(
+                "missing_node_type",
+                f"Node {node.label}: node type '{node.class_type}' is not registered",
+                f"Node ID '#{node.id}'",
+                extra_info={"node_id": node.id, "class_type": node.class_type, "node_title": node.title or node.class_type},
+            )
+    outputs = [nid for nid, node in prompt.nodes.items() if registry.get(node.class_type).output_node]
+    if partial_targets:
+        unknown = [t for t in partial_targets if str(t) not in prompt.nodes]
+        if unknown:
+            raise PromptError("invalid_prompt", "Partial execution targets name unknown nodes", f"unknown: {unknown}")
+        outputs = [str(t) for t in partial_targets]
+    if not outputs:
+        raise PromptError("prompt_no_outputs", "Prompt has no outputs",
+                          "The prompt needs at least one output node (such as SaveImage or PreviewAny)")
+    try:
+        prompt.topological_order(prompt.ancestors(outputs))
+    except CycleError as cycle:
+        node_errors = {
+            nid: {"errors": [node_error("dependency_cycle", f"Dependency cycle: {' -> '.join(cycle.labels)}",
+                                        " -> ".join(cycle.labels))],
+                  "dependent_outputs": [], "class_type": prompt.nodes[nid].class_type}
+            for nid in cycle.path[:-1]
+        }
+        raise PromptError("dependency_cycle", f"Dependency cycle: {' -> '.join(cycle.labels)}",
+                          " -> ".join(cycle.path), node_errors=node_errors) from None
+
+    checker = _NodeChecker(prompt, registry)
+    good, failed = [], []
+    for out in outputs:
+        (good if checker.check_tree(out) else failed).append(out)
+    if extra_checks is not None:
+        for nid, errs in (extra_checks(prompt, registry) or {}).items():
+            checker.errors.setdefault(nid, []).extend(errs)
+            failed_outputs = [o for o in good if nid in set(prompt.ancestors([o]))] or list(good)
+            for o in failed_outputs:
+                good.remove(o)
+                failed.append(o)
+    node_errors: dict[str, dict] = {}
+    if checker.errors:
+        for nid, errs in checker.errors.items():
+            dependent = [o for o in outputs if nid in set(prompt.ancestors([o]))]
+            node_errors[nid] = {"errors": errs, "dependent_outputs": dependent,
+                                "class_type": prompt.nodes[nid].class_type if nid in prompt.nodes else None}
+    if not good:
+        first = next(iter(node_errors.values()))["errors"][0] if node_errors else None
+        raise PromptError(
+            "prompt_outputs_failed_validation", "Prompt outputs failed validation",
+            first["message"] if first else "", node_errors=node_errors)
+    return ValidatedPrompt(prompt, good, node_errors)

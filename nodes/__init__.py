@@ -1,0 +1,13 @@
+"""Nodes: NodeSpec, the registry, the plugin loader and the built-in node packs."""
+import importlib
+
+# Built-in packs, registered in this order. Each module exposes NODES: a list of NodeSpec.
+BUILTIN_PACKS = (
+    "nodes.primitives",
+    "nodes.image",
+)
+
+
+def builtin_packs():
+    """Import and return the built-in node pack modules."""
+    return [importlib.import_module(name) for name in BUILTIN_PACKS]

@@ -1,0 +1,154 @@
+"""Adapter from classic ComfyUI node classes (INPUT_TYPES, RETURN_TYPES, FUNCTION, ...) to NodeSpec."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from nodes.spec import (
+    AUTOGROW, DYNAMIC_COMBO, HIDDEN_VALUES, InputSpec, NodeDefinitionError, NodeSpec, OutputSpec,
+)
+
+def _fail(node_id: str, field: str, message: str) -> None:
+    raise NodeDefinitionError(f"node '{node_id}': {field}: {message}")
+
+
+def _input_spec(node_id: str, name: str, kind: str, declaration: Any) -> InputSpec:
+    if kind == "hidden":
+        value = declaration[0] if isinstance(declaration, (list, tuple)) else declaration
+        if value not in HIDDEN_VALUES:
+            _fail(node_id, f"input '{name}'", f"unknown hidden value {value!r}")
+        return InputSpec(name, value, "hidden")
+    if not isinstance(declaration, (list, tuple)) or not declaration:
+        _fail(node_id, f"input '{name}'", f"expected (TYPE, options), got {declaration!r}")
+    type_ = declaration[0]
+    options = dict(declaration[1]) if len(declaration) > 1 and isinstance(declaration[1], dict) else {}
+    if isinstance(type_, (list, tuple)):
+        return InputSpec(name, "COMBO", kind, options, tuple(type_))
+    if type_ == "COMBO":
+        choices = tuple(options.pop("options", ()))
+        return InputSpec(name, "COMBO", kind, options, choices)
+    if not isinstance(type_, str) or not type_:
+        _fail(node_id, f"input '{name}'", f"type must be a string or a list of choices, got {type_!r}")
+    if type_ in (DYNAMIC_COMBO, AUTOGROW):
+        _fail(node_id, f"input '{name}'", f"{type_} inputs need the node schema, not the classic interface")
+    return InputSpec(name, type_, kind, options)
+
+
+def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nodes",
+                    display_name: str | None = None) -> NodeSpec:
+    """Build a NodeSpec from a classic node class; refuses malformed classes naming node and field."""
+    if not inspect.isclass(cls):
+        _fail(node_id, "class", f"expected a class, got {type(cls).__name__}")
+    try:
+        declared = cls.INPUT_TYPES()
+    except Exception as exc:
+        raise NodeDefinitionError(f"node '{node_id}': INPUT_TYPES raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(declared, dict):
+        _fail(node_id, "INPUT_TYPES", f"must return a dict, got {type(declared).__name__}")
+    unknown_kinds = set(declared) - {"required", "optional", "hidden"}
+    if unknown_kinds:
+        _fail(node_id, "INPUT_TYPES", f"unknown section(s) {sorted(unknown_kinds)}; expected required, optional, hidden")
+    inputs = []
+    for kind in ("required", "optional", "hidden"):
+        section = declared.get(kind) or {}
+        if not isinstance(section, dict):
+            _fail(node_id, f"INPUT_TYPES[{kind!r}]", "must be a dict")
+        for name, declaration in section.items():
+            inputs.append(_input_spec(node_id, name, kind, declaration))
+
+    return_types = tuple(getattr(cls, "RETURN_TYPES", ()))
+    names = tuple(getattr(cls, "RETURN_NAMES", None) or return_types)
+    tooltips = tuple(getattr(cls, "OUTPUT_TOOLTIPS", None) or ())
+    is_list = getattr(cls, "OUTPUT_IS_LIST", None) or ()
+    if len(names) != len(return_types):
+        _fail(node_id, "RETURN_NAMES", f"{len(names)} names for {len(return_types)} RETURN_TYPES")
+    outputs = []
+    for i, type_ in enumerate(return_types):
+        if isinstance(type_, (list, tuple)):
+            type_ = "COMBO"
+        outputs.append(OutputSpec(type_, names[i], bool(is_list[i]) if i < len(is_list) else False,
+                                  tooltips[i] if i < len(tooltips) else None))
+
+    function_name = getattr(cls, "FUNCTION", None)
+    if not isinstance(function_name, str) or not hasattr(cls, function_name):
+        _fail(node_id, "FUNCTION", f"names no method of the class: {function_name!r}")
+
+    instance_holder: list[Any] = []
+
+    def instance() -> Any:
+        if not instance_holder:
+            instance_holder.append(cls())
+        return instance_holder[0]
+
+    method = getattr(cls, function_name)
+    if inspect.iscoroutinefunction(method):
+        async def execute(**kwargs):
+            return await getattr(instance(), function_name)(**kwargs)
+    else:
+        def execute(**kwargs):
+            return getattr(instance(), function_name)(**kwargs)
+
+    def bound(attribute: str):
+        fn = getattr(cls, attribute, None)
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)
+        def call(**kwargs):
+            target = getattr(instance(), attribute) if not isinstance(inspect.getattr_static(cls, attribute),
+                                                                        (classmethod, staticmethod)) else fn
+            wanted = _accepted_kwargs(target, kwargs)
+            return target(**wanted)
+
+        return call
+
+    validate = bound("VALIDATE_INPUTS")
+    validate_takes = frozenset()
+    if validate is not None:
+        params = inspect.signature(getattr(cls, "VALIDATE_INPUTS")).parameters
+        validate_takes = frozenset(p for p in params if p not in ("self", "cls", "input_types"))
+
+    return NodeSpec(
+        node_id=node_id,
+        display_name=display_name or node_id,
+        category=getattr(cls, "CATEGORY", "custom") or "custom",
+        description=getattr(cls, "DESCRIPTION", "") or "",
+        inputs=inputs,
+        outputs=outputs,
+        execute=execute,
+        output_node=bool(getattr(cls, "OUTPUT_NODE", False)),
+        input_is_list=bool(getattr(cls, "INPUT_IS_LIST", False)),
+        not_idempotent=bool(getattr(cls, "NOT_IDEMPOTENT", False)),
+        fingerprint=bound("IS_CHANGED"),
+        validate_inputs=validate,
+        validate_takes=validate_takes,
+        check_lazy_status=bound("check_lazy_status"),
+        python_module=python_module,
+        deprecated=bool(getattr(cls, "DEPRECATED", False)),
+        experimental=bool(getattr(cls, "EXPERIMENTAL", False)),
+        search_aliases=tuple(getattr(cls, "SEARCH_ALIASES", ()) or ()),
+    )
+
+
+def _accepted_kwargs(fn, kwargs: dict) -> dict:
+    """Pass only the keyword arguments `fn` accepts (classic hooks often declare a subset)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def specs_from_mappings(class_mappings: dict, display_names: dict | None = None, *,
+                        python_module: str) -> list[NodeSpec]:
+    """NodeSpecs for a plugin's NODE_CLASS_MAPPINGS (and NODE_DISPLAY_NAME_MAPPINGS)."""
+    if not isinstance(class_mappings, dict):
+        raise NodeDefinitionError(f"{python_module}: NODE_CLASS_MAPPINGS must be a dict")
+    display_names = display_names or {}
+    return [
+        spec_from_class(str(node_id), cls, python_module=python_module, display_name=display_names.get(node_id))
+        for node_id, cls in class_mappings.items()
+    ]

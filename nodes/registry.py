@@ -1,0 +1,73 @@
+"""The node registry: every NodeSpec the application knows, built-ins and plugins alike."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from nodes.spec import NodeDefinitionError, NodeSpec
+
+
+class NodeRegistry:
+    """Node id -> NodeSpec. Registration refuses duplicates unless an override is asked for."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, NodeSpec] = {}
+        self._origin: dict[str, str] = {}
+
+    def register(self, spec: NodeSpec, *, origin: str = "built-in", override: bool = False) -> None:
+        if not isinstance(spec, NodeSpec):
+            raise NodeDefinitionError(f"{origin}: expected a NodeSpec, got {type(spec).__name__}")
+        if spec.node_id in self._specs and not override:
+            raise NodeDefinitionError(
+                f"node '{spec.node_id}' from {origin}: id already registered by {self._origin[spec.node_id]}"
+            )
+        self._specs[spec.node_id] = spec
+        self._origin[spec.node_id] = origin
+
+    def register_all(self, specs: Iterable[NodeSpec], *, origin: str = "built-in", override: bool = False) -> None:
+        """Register a batch atomically: either every node is added or none is."""
+        specs = list(specs)
+        ids = [s.node_id for s in specs]
+        if not override:
+            for spec in specs:
+                if spec.node_id in self._specs:
+                    raise NodeDefinitionError(
+                        f"node '{spec.node_id}' from {origin}: id already registered by "
+                        f"{self._origin[spec.node_id]}"
+                    )
+        dupes = {i for i in ids if ids.count(i) > 1}
+        if dupes:
+            raise NodeDefinitionError(f"{origin}: node id(s) {sorted(dupes)} declared twice")
+        for spec in specs:
+            self.register(spec, origin=origin, override=override)
+
+    def get(self, node_id: str) -> NodeSpec | None:
+        return self._specs.get(node_id)
+
+    def origin(self, node_id: str) -> str | None:
+        return self._origin.get(node_id)
+
+    def __contains__(self, node_id: str) -> bool:
+        return node_id in self._specs
+
+    def __iter__(self):
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def object_info(self, node_id: str | None = None) -> dict[str, Any]:
+        """`/object_info` for every node, or for one (empty dict when unknown)."""
+        if node_id is not None:
+            spec = self._specs.get(node_id)
+            return {node_id: spec.object_info()} if spec else {}
+        return {nid: spec.object_info() for nid, spec in self._specs.items()}
+
+
+def builtin_registry() -> NodeRegistry:
+    """A registry holding every built-in node pack, collected from their explicit NODES lists."""
+    from nodes import builtin_packs
+
+    registry = NodeRegistry()
+    for module in builtin_packs():
+        registry.register_all(module.NODES, origin=module.__name__)
+    return registry
