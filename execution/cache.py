@@ -42,11 +42,18 @@ def _const_repr(value: Any) -> str:
         return f"<{type(value).__name__}@{id(value)}>"
 
 
-def node_signature(node: PromptNode, spec: Any, upstream: dict[str, str], *, scope: str = "",
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
                    fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
-    """The structural signature of `node` given its upstream nodes' signatures."""
-    parts = [node.class_type, scope]
-    if spec is not None and getattr(spec, "not_idempotent", False):
+    """The structural signature of `node` given its upstream nodes' signatures.
+
+    A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0
+    and True differ) and its inputs' upstream signatures and output indices.
+    """
+    parts = [node.class_type]
+    if spec is not None and spec.not_idempotent:
         parts.append("#id:" + node.id)
     if fingerprint is not None:
         mark = fingerprint(node, spec)
@@ -54,10 +61,14 @@ def node_signature(node: PromptNode, spec: Any, upstream: dict[str, str], *, sco
             parts.append(f"#fresh:{os.getpid()}:{next(_fresh)}")
         elif mark is not None:
             parts.append("#fp:" + _const_repr(mark))
-    for name in sorted(node.inputs):
-        value = node.inputs[name]
-        if type(value) is Link:
+    inputs = node.inputs
+    for name in sorted(inputs) if len(inputs) > 1 else inputs:
+        value = inputs[name]
+        kind = type(value)
+        if kind is Link:
             parts.append(f"{name}<{upstream.get(value.node, '?' + value.node)}:{value.output}")
+        elif kind in _PLAIN:
+            parts.append(f"{name}={kind.__name__}:{value!r}")
         else:
             parts.append(f"{name}={_const_repr(value)}")
     return hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

@@ -6,7 +6,6 @@ context variable, so async nodes and worker threads each see their own.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from execution.paths import Paths
@@ -16,19 +15,33 @@ class ExecutionInterrupted(Exception):
     """Raised inside a node when its job was interrupted or cancelled."""
 
 
-@dataclass
-class RunContext:
-    """One node call's view of its job."""
+def _never() -> bool:
+    return False
 
-    prompt_id: str
-    node_id: str
-    display_node_id: str
-    paths: Paths
-    emit: Callable[[str, dict], None] = lambda event, data: None
-    is_interrupted: Callable[[], bool] = lambda: False
-    runtime: dict[str, Any] = field(default_factory=dict)  # shared services (memory manager, model cache)
-    parent_node_id: str | None = None
-    real_node_id: str | None = None
+
+def _drop(event: str, data: dict) -> None:
+    return None
+
+
+class RunContext:
+    """One node call's view of its job (a plain slotted class: one is made per node call)."""
+
+    __slots__ = ("prompt_id", "node_id", "display_node_id", "paths", "emit", "is_interrupted", "runtime",
+                 "parent_node_id", "real_node_id")
+
+    def __init__(self, prompt_id: str, node_id: str, display_node_id: str, paths: Paths,
+                 emit: Callable[[str, dict], None] = _drop, is_interrupted: Callable[[], bool] = _never,
+                 runtime: dict[str, Any] | None = None, parent_node_id: str | None = None,
+                 real_node_id: str | None = None) -> None:
+        self.prompt_id = prompt_id
+        self.node_id = node_id
+        self.display_node_id = display_node_id
+        self.paths = paths
+        self.emit = emit
+        self.is_interrupted = is_interrupted
+        self.runtime = runtime if runtime is not None else {}  # shared services (memory, model cache)
+        self.parent_node_id = parent_node_id
+        self.real_node_id = real_node_id
 
     def check_interrupted(self) -> None:
         if self.is_interrupted():
@@ -50,12 +63,21 @@ class RunContext:
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("weft_run_context", default=None)
+_configured: list[RunContext] = []  # the configured runtime: folders seen outside a node call
+
+
+def configure(paths: Paths, runtime: dict[str, Any] | None = None) -> None:
+    """Set the folders (and shared services) that code outside a node call sees, such as
+    validation and /object_info listing the files a choice input offers."""
+    _configured[:] = [RunContext(prompt_id="", node_id="", display_node_id="", paths=paths, runtime=runtime)]
 
 
 def current() -> RunContext:
-    """The context of the node now running; outside a job, a context rooted at the working folder."""
+    """The context of the node now running; outside a job, the configured one (or the working folder)."""
     ctx = _current.get()
     if ctx is None:
+        if _configured:
+            return _configured[0]
         from pathlib import Path
 
         ctx = RunContext(prompt_id="", node_id="", display_node_id="", paths=Paths(Path.cwd()))

@@ -1,6 +1,7 @@
 """Folder layout (input, output, temp, user, models) and the one file-name confinement function."""
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,8 @@ def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, s
     target_dir.mkdir(parents=True, exist_ok=True)
     stem = prefix_path.name or "weft"
     highest = 0
-    for existing in target_dir.glob(f"{stem}_*_.{extension}"):
+    # Escaped: a prefix such as "shot[1]" must not act as a pattern (it would restart at 1 and overwrite).
+    for existing in target_dir.glob(f"{glob.escape(stem)}_*_.{extension}"):
         middle = existing.name[len(stem) + 1:-(len(extension) + 2)]
         if middle.isdigit():
             highest = max(highest, int(middle))

@@ -74,6 +74,9 @@ class JobResult:
     messages: list[tuple[str, dict]] = field(default_factory=list)
     meta: dict[str, dict] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # asyncio reprs task results; a 50k-node profile must not be printed
+        return f"JobResult({self.prompt_id!r}, {self.status!r}, executed={len(self.executed)}, cached={len(self.cached)})"
+
 
 class NodeExecutionError(Exception):
     """A node raised; carries the event payload for execution_error."""
@@ -128,7 +131,7 @@ class Executor:
     async def run_async(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
                         control: JobControl | None = None) -> JobResult:
         state = _RunState(self, validated.prompt, prompt_id, extra_data or {}, control or JobControl())
-        return await state.run(validated.outputs)
+        return await state.run(validated.outputs, validated.order)
 
 
 _sequence = itertools.count()
@@ -163,6 +166,7 @@ class _RunState:
         self.used_signatures: set[str] = set()
         self.result = JobResult(prompt_id, "success")
         self.cached_now: list[str] = []
+        self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     # ------------------------------------------------------------------ events
     def emit(self, event: str, data: dict) -> None:
@@ -186,8 +190,9 @@ class _RunState:
             return mark
         return (node.salt, mark)
 
-    def compute_signatures(self, node_ids: list[str]) -> None:
-        for node_id in self.prompt.topological_order(node_ids):
+    def compute_signatures(self, node_ids: list[str], *, ordered: bool = False) -> None:
+        """Signatures for `node_ids` (sources first; sorted here unless `ordered` says they are)."""
+        for node_id in (node_ids if ordered else self.prompt.topological_order(node_ids)):
             node = self.prompt.nodes[node_id]
             spec = self.registry.get(node.class_type)
             self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
@@ -272,13 +277,22 @@ class _RunState:
         if node_id in self.values:
             del self.values[node_id]
             self.finished.discard(node_id)
+        node = self.prompt.nodes.get(node_id)
+        if node is not None and node.parent is not None and node_id not in self.pending \
+                and node_id not in self.expansions:
+            # An ephemeral node nobody waits on is forgotten, so a long loop holds one iteration at a time.
+            del self.prompt.nodes[node_id]
+            self.signature.pop(node_id, None)
+            self.waiters.pop(node_id, None)
 
     # ------------------------------------------------------------------ running
-    async def run(self, outputs: list[str]) -> JobResult:
+    async def run(self, outputs: list[str], order: list[str] | None = None) -> JobResult:
         self.emit("execution_start", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
         self.cache.begin_prompt()
         try:
-            self.compute_signatures(self.prompt.ancestors(outputs))
+            if order is None:
+                order = self.prompt.ordered_ancestors(outputs)
+            self.compute_signatures(order, ordered=True)
             self.output_roots = set()
             self.need(outputs)
             if self.cached_now:
@@ -456,7 +470,6 @@ class _RunState:
                 "value": 0, "max": 1, "state": "running", "node_id": node.display_id, "prompt_id": self.prompt_id,
                 "display_node_id": node.display_id, "parent_node_id": node.parent, "real_node_id": node.real_id or node.id}}})
         wall0, cpu0 = time.perf_counter(), time.thread_time()
-        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         blocked = self._blocker_in(gathered)
         calls = 0
         if blocked is not None:
@@ -467,12 +480,24 @@ class _RunState:
         else:
             outputs, ui, expand, calls = await self._map_calls(node, spec, gathered)
         wall = time.perf_counter() - wall0
-        self.result.profile[node_id] = {
+        # The process's peak RSS only grows; its growth since the previous node ended is this node's.
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        row = {
             "class_type": node.class_type, "display_node": node.display_id, "cached": False,
-            "wall_ms": round(wall * 1000, 3), "cpu_ms": round((time.thread_time() - cpu0) * 1000, 3),
-            "peak_rss_growth_bytes": max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024,
-            "calls": calls,
+            "wall_ms": wall * 1000, "cpu_ms": (time.thread_time() - cpu0) * 1000,
+            "peak_rss_growth_bytes": max(0, peak_rss - self.peak_rss) * 1024, "calls": calls, "runs": 1,
         }
+        self.peak_rss = peak_rss
+        if node.parent is None:
+            self.result.profile[node_id] = row
+        else:  # ephemeral nodes (loop iterations) add up under the editor node they stand for
+            key = f"{node.display_id}:{node.class_type}"
+            total = self.result.profile.get(key)
+            if total is None:
+                self.result.profile[key] = row
+            else:
+                for field_name in ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs"):
+                    total[field_name] += row[field_name]
         self.result.executed.append(node_id)
         if ui:
             self._record_ui(node, ui)
@@ -483,8 +508,8 @@ class _RunState:
 
     def _complete(self, node: PromptNode, outputs: list[list[Any]], ui: dict | None) -> None:
         self.values[node.id] = outputs
-        signature = self.signature[node.id]
-        self.cache.put(signature, CachedResult(outputs, ui))
+        if node.salt is None:  # a salted node (an iteration that opted out of caching) is never reused
+            self.cache.put(self.signature[node.id], CachedResult(outputs, ui))
         self._consumed(node.id)
         self._finish(node.id)
 
@@ -507,6 +532,8 @@ class _RunState:
     async def _map_calls(self, node: PromptNode, spec, gathered: dict[str, list[Any]]):
         if spec.input_is_list:
             call_args = [gathered]
+        elif all(len(v) == 1 for v in gathered.values()):
+            call_args = [{k: v[0] for k, v in gathered.items()}]
         else:
             lengths = [len(v) for v in gathered.values()]
             count = 0 if any(n == 0 for n in lengths) else max(lengths, default=1)
@@ -547,8 +574,15 @@ class _RunState:
             raise NodeExecutionError(self._error_payload(
                 node, RuntimeError("a node that expands cannot also be mapped over a list input"), {}))
         graph = graphs[0]
-        prefix = f"{node.id}."
-        renamed = {str(child): prefix + str(child) for child in graph}
+        # Child ids are prefixed with the parent's id; a child key starting with "/" is an absolute id
+        # (the expanding node guarantees it unique), so repeated expansions such as loop iterations
+        # do not grow their ids with every level.
+        renamed = {str(child): (str(child)[1:] if str(child).startswith("/") else f"{node.id}.{child}")
+                   for child in graph}
+        for new_id in renamed.values():
+            if new_id in self.prompt.nodes:
+                raise NodeExecutionError(self._error_payload(
+                    node, RuntimeError(f"expansion node id {new_id!r} is already in the graph"), {}))
         new_ids = []
         for child, body in graph.items():
             inputs = {}
@@ -566,7 +600,7 @@ class _RunState:
                     node, RuntimeError(f"expansion uses unknown node type {new.class_type!r}"), {}))
             self.prompt.add(new)
             new_ids.append(new.id)
-        self.compute_signatures(new_ids)
+        self.compute_signatures(new_ids)  # the expansion's own nodes, sorted; outer sources are known
         # The parent's outputs: links into its expansion, resolved when those nodes finish.
         template = []
         targets = set()

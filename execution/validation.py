@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 
 from execution.errors import PromptError, node_error
-from execution.graph import CycleError, Link, Prompt, PromptNode, is_link_value
+from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode
 from execution.types import types_compatible
 
 PROMPT_SCHEMA = {
@@ -45,6 +45,7 @@ class ValidatedPrompt:
     prompt: Prompt
     outputs: list[str]
     node_errors: dict[str, dict] = field(default_factory=dict)
+    order: list[str] | None = None  # the outputs' ancestors, sources first
 
 
 def check_structure(data: Any) -> None:
@@ -91,14 +92,20 @@ class _NodeChecker:
     def fail(self, node: PromptNode, error: dict) -> None:
         self.errors.setdefault(node.id, []).append(error)
 
-    def check_tree(self, root: str) -> bool:
-        """Check `root` and everything upstream of it; True when all are valid."""
-        ok = True
-        for node_id in self.prompt.ancestors([root]):
-            if node_id not in self.checked:
-                self.checked[node_id] = self.check_node(self.prompt.nodes[node_id])
-            ok = ok and self.checked[node_id]
-        return ok
+    def check_all(self, order: list[str]) -> dict[str, bool]:
+        """Check every node once, sources first; a node is usable when it and its sources are valid."""
+        usable: dict[str, bool] = {}
+        nodes = self.prompt.nodes
+        for node_id in order:
+            node = nodes[node_id]
+            ok = self.check_node(node)
+            if ok:
+                for _, link in node.links():
+                    if not usable.get(link.node, True):
+                        ok = False
+                        break
+            usable[node_id] = ok
+        return usable
 
     def check_node(self, node: PromptNode) -> bool:
         spec = self.registry.get(node.class_type)
@@ -107,8 +114,12 @@ class _NodeChecker:
                 "missing_node_type", f"Node {node.label}: node type '{node.class_type}' is not registered",
                 f"Node type '{node.class_type}' not found. The custom node may not be installed."))
             return False
-        node.inputs = spec.normalize_input_names(node.inputs)
+        normalized = spec.normalize_input_names(node.inputs)
+        if normalized is not node.inputs:
+            node.inputs = normalized
+            node.inputs_changed()
         flat = spec.instance_inputs(node.inputs)
+        takes = spec.validate_takes if spec.validate_inputs is not None else ()
         before = len(self.errors.get(node.id, ()))
         for name, inp in flat.items():
             if inp.kind == "hidden":
@@ -124,10 +135,12 @@ class _NodeChecker:
                 continue
             if type(value) is Link:
                 self.check_link(node, name, inp, value)
-            elif is_link_value(value) or (isinstance(value, list) and value and len(value) == 2 and not inp.is_widget):
+            elif type(value) is MalformedLink:
                 self.fail(node, node_error("bad_linked_input", f"Node {node.label}: input '{name}' has a malformed link",
-                                           f"{name}: received {value!r}", input_name=name,
-                                           input_config=_config_json(inp), received_value=value))
+                                           f"{name}: received {value.raw!r}; a link is [node_id, output_index]",
+                                           input_name=name, input_config=_config_json(inp), received_value=value.raw))
+            elif name in takes:
+                continue  # the node's own validator takes this input whole (ComfyUI's rule)
             else:
                 coerced = self.check_constant(node, name, inp, value)
                 if coerced is not _INVALID:
@@ -265,11 +278,11 @@ _INVALID = object()
 
 
 def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = None,
-                    extra_checks=None) -> ValidatedPrompt:
+                    options: dict | None = None) -> ValidatedPrompt:
     """Validate an API prompt; raise PromptError (ComfyUI's shape) when nothing can run.
 
-    `extra_checks(prompt, registry) -> {node_id: [error, ...]}` lets structural rules that span
-    several nodes (such as loop pairing) report through the same path.
+    Rules that span several nodes (such as loop pairing) come from `registry.graph_checks`:
+    `fn(prompt, registry, options) -> {node_id: [error, ...]}`, reported through the same path.
     """
     check_structure(data)
     prompt = Prompt.from_api(data)
@@ -291,7 +304,7 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
         raise PromptError("prompt_no_outputs", "Prompt has no outputs",
                           "The prompt needs at least one output node (such as SaveImage or PreviewAny)")
     try:
-        prompt.topological_order(prompt.ancestors(outputs))
+        order = prompt.ordered_ancestors(outputs)
     except CycleError as cycle:
         node_errors = {
             nid: {"errors": [node_error("dependency_cycle", f"Dependency cycle: {' -> '.join(cycle.labels)}",
@@ -303,16 +316,13 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
                           " -> ".join(cycle.path), node_errors=node_errors) from None
 
     checker = _NodeChecker(prompt, registry)
-    good, failed = [], []
-    for out in outputs:
-        (good if checker.check_tree(out) else failed).append(out)
-    if extra_checks is not None:
-        for nid, errs in (extra_checks(prompt, registry) or {}).items():
+    usable = checker.check_all(order)
+    good = [o for o in outputs if usable.get(o)]
+    for graph_check in getattr(registry, "graph_checks", ()):
+        for nid, errs in (graph_check(prompt, registry, options or {}) or {}).items():
             checker.errors.setdefault(nid, []).extend(errs)
-            failed_outputs = [o for o in good if nid in set(prompt.ancestors([o]))] or list(good)
-            for o in failed_outputs:
-                good.remove(o)
-                failed.append(o)
+            affected = [o for o in good if nid in set(prompt.ancestors([o]))] or list(good)
+            good = [o for o in good if o not in affected]
     node_errors: dict[str, dict] = {}
     if checker.errors:
         for nid, errs in checker.errors.items():
@@ -324,4 +334,4 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
         raise PromptError(
             "prompt_outputs_failed_validation", "Prompt outputs failed validation",
             first["message"] if first else "", node_errors=node_errors)
-    return ValidatedPrompt(prompt, good, node_errors)
+    return ValidatedPrompt(prompt, good, node_errors, order)

@@ -5,6 +5,7 @@ import importlib
 BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
+    "nodes.media",
 )
 
 

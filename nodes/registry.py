@@ -12,6 +12,9 @@ class NodeRegistry:
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
         self._origin: dict[str, str] = {}
+        # Checks over the whole prompt (such as loop pairing), run by validation after the per-node
+        # checks: fn(prompt, registry, options) -> {node_id: [node_error, ...]}.
+        self.graph_checks: list = []
 
     def register(self, spec: NodeSpec, *, origin: str = "built-in", override: bool = False) -> None:
         if not isinstance(spec, NodeSpec):
@@ -70,4 +73,5 @@ def builtin_registry() -> NodeRegistry:
     registry = NodeRegistry()
     for module in builtin_packs():
         registry.register_all(module.NODES, origin=module.__name__)
+        registry.graph_checks.extend(getattr(module, "GRAPH_CHECKS", ()))
     return registry

@@ -137,6 +137,9 @@ class NodeSpec:
             self.display_name = self.node_id
         self.is_async = inspect.iscoroutinefunction(self.execute)
         self._by_name = {i.name: i for i in self.inputs}
+        dynamic = any(i.type in (DYNAMIC_COMBO, AUTOGROW) for i in self.inputs)
+        # Most nodes have no dynamic inputs: their flat inputs are the same for every instance.
+        self._static_flat = None if dynamic else dict(self._by_name)
         self._check()
 
     # ------------------------------------------------------------------ registration checks
@@ -203,7 +206,9 @@ class NodeSpec:
 
     def instance_inputs(self, values: Mapping[str, Any]) -> dict[str, InputSpec]:
         """The flat inputs of one node instance: top-level inputs plus the dotted dynamic ones
-        its values select (a dynamic combo's chosen option, every auto-grow slot)."""
+        its values select (a dynamic combo's chosen option, every auto-grow slot). Read-only."""
+        if self._static_flat is not None:
+            return self._static_flat
         flat: dict[str, InputSpec] = {}
         for spec in self.inputs:
             if spec.type == DYNAMIC_COMBO:
@@ -225,6 +230,8 @@ class NodeSpec:
 
     def normalize_input_names(self, values: dict[str, Any]) -> dict[str, Any]:
         """Accept bare auto-grow slot names (`termination0`) for `terminations.termination0`."""
+        if self._static_flat is not None:
+            return values
         grow = [s for s in self.inputs if s.type == AUTOGROW]
         if not grow:
             return values
@@ -242,7 +249,7 @@ class NodeSpec:
 
     def group_arguments(self, flat: Mapping[str, Any]) -> dict[str, Any]:
         """Turn flat resolved values into execute's keyword arguments (dynamic inputs grouped)."""
-        if not any(s.type in (DYNAMIC_COMBO, AUTOGROW) for s in self.inputs):
+        if self._static_flat is not None:
             return dict(flat)
         kwargs: dict[str, Any] = {}
         groups: dict[str, dict[str, Any]] = {}
@@ -433,8 +440,7 @@ def is_nan_fingerprint(value: Any) -> bool:
 
 def iter_widget_inputs(spec: NodeSpec) -> Iterable[InputSpec]:
     """Inputs that hold a widget value in the editor, in widget order (used by UI conversion)."""
-    for inp in spec.inputs:
-        if inp.kind == "hidden":
-            continue
-        if inp.is_widget or inp.type == DYNAMIC_COMBO:
-            yield inp
+    for kind in ("required", "optional"):  # the editor orders widgets required first, then optional
+        for inp in spec.inputs:
+            if inp.kind == kind and (inp.is_widget or inp.type == DYNAMIC_COMBO):
+                yield inp

@@ -1,0 +1,228 @@
+"""The scheduler through the public interface: validate + run prompts built from the testing pack."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from execution.events import EventBus
+from execution.scheduler import Executor, JobControl
+from execution.cache import make_cache
+from execution.validation import validate_prompt
+
+
+def chain_prompt(length: int, start: int = 1) -> dict:
+    prompt = {"0": {"class_type": "TestConst", "inputs": {"value": start}}}
+    for i in range(1, length):
+        prompt[str(i)] = {"class_type": "TestAdd", "inputs": {"a": [str(i - 1), 0], "b": 1}}
+    prompt["out"] = {"class_type": "TestOutput", "inputs": {"value": [str(length - 1), 0]}}
+    return prompt
+
+
+def test_chain_runs_and_outputs(runner):
+    result = runner.run(chain_prompt(5, start=10))
+    assert result.status == "success"
+    assert result.outputs["out"]["values"] == [14]
+    assert len(result.executed) == 6
+
+
+def test_unchanged_rerun_executes_nothing(runner):
+    prompt = chain_prompt(20)
+    runner.run(prompt)
+    again = runner.run(prompt)
+    assert again.executed == []
+    assert again.outputs["out"]["values"] == [20]
+
+
+def test_changing_one_constant_reruns_exactly_its_descendants(runner):
+    prompt = {
+        "a": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "b": {"class_type": "TestConst", "inputs": {"value": 2}},
+        "ab": {"class_type": "TestAdd", "inputs": {"a": ["a", 0], "b": 0}},
+        "bb": {"class_type": "TestAdd", "inputs": {"a": ["b", 0], "b": 5}},
+        "sum": {"class_type": "TestMul", "inputs": {"a": ["ab", 0], "b": ["bb", 0]}},
+        "o1": {"class_type": "TestOutput", "inputs": {"value": ["sum", 0]}},
+        "o2": {"class_type": "TestOutput", "inputs": {"value": ["bb", 0]}},
+    }
+    runner.run(prompt)
+    prompt["a"]["inputs"]["value"] = 3
+    result = runner.run(prompt)
+    assert sorted(result.executed) == sorted(["a", "ab", "sum", "o1"])
+    assert result.outputs["o1"]["values"] == [21]
+
+
+def test_cache_is_structural_not_by_id(runner):
+    runner.run(chain_prompt(4))
+    renamed = {f"x{k}": {**v, "inputs": {n: ([f"x{val[0]}", val[1]] if isinstance(val, list) else val)
+                                          for n, val in v["inputs"].items()}}
+               for k, v in chain_prompt(4).items()}
+    result = runner.run(renamed)
+    assert result.executed == []
+
+
+def test_lazy_input_only_computes_chosen_branch(runner):
+    prompt = {
+        "good": {"class_type": "TestConst", "inputs": {"value": 7}},
+        "bad": {"class_type": "TestFail", "inputs": {"value": ["good", 0], "message": "must not run"}},
+        "sel": {"class_type": "TestLazySelect", "inputs": {"cond": True, "a": ["good", 0], "b": ["bad", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["sel", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["out"]["values"] == [7]
+    assert "bad" not in result.executed
+
+
+def test_expansion_runs_its_subgraph(runner):
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 10}},
+        "e": {"class_type": "TestExpandAddChain", "inputs": {"value": ["c", 0], "steps": 3, "increment": 2}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["e", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["out"]["values"] == [16]
+    # e.start is TestConst(10), the same as node c: structurally equal, so served from the cache.
+    assert sorted(n for n in result.executed if n.startswith("e.")) == ["e.add0", "e.add1", "e.add2"]
+    assert "e.start" in result.cached
+
+
+def test_list_mapping_and_input_is_list(runner):
+    prompt = {
+        "src": {"class_type": "TestListSource", "inputs": {"count": 4, "start": 1}},
+        "one": {"class_type": "TestConst", "inputs": {"value": 10}},
+        "add": {"class_type": "TestAdd", "inputs": {"a": ["src", 0], "b": ["one", 0]}},
+        "sum": {"class_type": "TestListSum", "inputs": {"values": ["add", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["sum", 0]}},
+        "each": {"class_type": "TestOutput", "inputs": {"value": ["add", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.outputs["out"]["values"] == [11 + 12 + 13 + 14]
+    assert result.outputs["each"]["values"] == [11, 12, 13, 14]
+    assert result.profile["add"]["calls"] == 4
+
+
+def test_shorter_list_repeats_its_last_element(runner):
+    prompt = {
+        "x": {"class_type": "TestListSource", "inputs": {"count": 3, "start": 0}},
+        "y": {"class_type": "TestListSource", "inputs": {"count": 1, "start": 100}},
+        "add": {"class_type": "TestAdd", "inputs": {"a": ["x", 0], "b": ["y", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["add", 0]}},
+    }
+    assert runner.run(prompt).outputs["out"]["values"] == [100, 101, 102]
+
+
+def test_execution_blocker_skips_consumers(runner):
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "blk": {"class_type": "TestBlock", "inputs": {"value": ["c", 0], "block": True, "message": ""}},
+        "after": {"class_type": "TestAdd", "inputs": {"a": ["blk", 0], "b": 1}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["after", 0]}},
+        "other": {"class_type": "TestOutput", "inputs": {"value": ["c", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success"
+    assert "out" not in result.outputs
+    assert result.outputs["other"]["values"] == [1]
+    prompt["blk"]["inputs"]["message"] = "blocked on purpose"
+    failed = runner.run(prompt)
+    assert failed.status == "error" and "blocked on purpose" in failed.error["exception_message"]
+
+
+def test_async_node(runner):
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "a1": {"class_type": "TestAsyncAdd", "inputs": {"a": ["c", 0], "b": 2}},
+        "a2": {"class_type": "TestAsyncAdd", "inputs": {"a": ["c", 0], "b": 3}},
+        "m": {"class_type": "TestMul", "inputs": {"a": ["a1", 0], "b": ["a2", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["m", 0]}},
+    }
+    assert runner.run(prompt).outputs["out"]["values"] == [12]
+
+
+def test_node_exception_ends_job_with_structured_error(runner):
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "f": {"class_type": "TestFail", "inputs": {"value": ["c", 0], "message": "kaput"}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["f", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "error"
+    error = result.error
+    assert error["node_id"] == "f" and error["node_type"] == "TestFail"
+    assert error["exception_type"] == "RuntimeError" and error["exception_message"] == "kaput"
+    assert error["traceback"] and error["current_inputs"]["value"] == 1
+    # The executor is still usable afterwards.
+    assert runner.run(chain_prompt(3)).status == "success"
+
+
+def test_not_idempotent_and_nan_fingerprint_always_run(runner):
+    prompt = {
+        "n": {"class_type": "TestNotIdempotent", "inputs": {"value": 1}},
+        "o1": {"class_type": "TestOutput", "inputs": {"value": ["n", 0]}},
+        "z": {"class_type": "TestAlwaysChanged", "inputs": {"value": 2}},
+        "o2": {"class_type": "TestOutput", "inputs": {"value": ["z", 0]}},
+    }
+    runner.run(prompt)
+    again = runner.run(prompt)
+    assert "z" in again.executed and "o2" in again.executed
+    assert "n" not in again.executed  # same id, same inputs: cached (the id is part of its key)
+
+
+def test_interrupt_between_and_inside_nodes(registry, paths):
+    executor = Executor(registry, cache=make_cache("none"), paths=paths)
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "s1": {"class_type": "TestSlow", "inputs": {"value": ["c", 0], "seconds": 2.0}},
+        "s2": {"class_type": "TestSlow", "inputs": {"value": ["s1", 0], "seconds": 2.0}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["s2", 0]}},
+    }
+    control = JobControl()
+    timer = threading.Timer(0.3, control.interrupt)
+    timer.start()
+    started = time.monotonic()
+    result = executor.run(validate_prompt(prompt, registry), prompt_id="job", control=control)
+    assert result.status == "interrupted"
+    assert result.error["node_id"] == "s1"
+    assert time.monotonic() - started < 1.9  # stopped inside s1's progress callback, not after it
+
+
+def test_events_name_their_job(registry, paths):
+    bus = EventBus()
+    seen = []
+    bus.subscribe(lambda event, data: seen.append((event, data)))
+    executor = Executor(registry, cache=make_cache("classic"), events=bus, paths=paths)
+    executor.run(validate_prompt(chain_prompt(3), registry), prompt_id="p1")
+    kinds = [e for e, _ in seen]
+    assert kinds[0] == "execution_start" and "execution_success" in kinds and "executed" in kinds
+    assert all(d.get("prompt_id") == "p1" for _, d in seen)
+    executor.run(validate_prompt(chain_prompt(3), registry), prompt_id="p2")
+    cached = [d for e, d in seen if e == "execution_cached" and d["prompt_id"] == "p2"]
+    assert cached and "out" in cached[0]["nodes"]
+
+
+def test_intermediates_are_released(registry, paths):
+    executor = Executor(registry, cache=make_cache("none"), paths=paths)
+    from execution import scheduler
+
+    states = []
+    original = scheduler._RunState._complete
+
+    def spy(self, node, outputs, ui):
+        original(self, node, outputs, ui)
+        states.append(len(self.values))
+
+    scheduler._RunState._complete = spy
+    try:
+        executor.run(validate_prompt(chain_prompt(50), registry), prompt_id="p")
+    finally:
+        scheduler._RunState._complete = original
+    assert max(states) <= 2  # a chain holds at most the value being consumed
+
+
+def test_profile_records_each_node(runner):
+    result = runner.run(chain_prompt(3))
+    for node_id in ("0", "1", "2", "out"):
+        row = result.profile[node_id]
+        assert {"wall_ms", "cpu_ms", "peak_rss_growth_bytes", "cached"} <= row.keys()

@@ -1,0 +1,182 @@
+"""Validation: every error type in ComfyUI's shape, messages naming node, title, class and input."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from execution.errors import PromptError
+from execution.validation import validate_prompt
+
+
+def errors_of(prompt, registry):
+    with pytest.raises(PromptError) as caught:
+        validate_prompt(prompt, registry)
+    body = caught.value.to_json()
+    json.dumps(body)  # always serialisable
+    return body
+
+
+def only_error(body, node_id):
+    return body["node_errors"][node_id]["errors"][0]
+
+
+def out(src):
+    return {"class_type": "TestOutput", "inputs": {"value": src}}
+
+
+def test_missing_node_type_names_it(registry):
+    body = errors_of({"1": {"class_type": "NoSuchNode", "inputs": {}}}, registry)
+    assert body["error"]["type"] == "missing_node_type"
+    assert "NoSuchNode" in body["error"]["message"] and "1" in body["error"]["message"]
+
+
+def test_no_outputs(registry):
+    body = errors_of({"1": {"class_type": "TestConst", "inputs": {"value": 1}}}, registry)
+    assert body["error"]["type"] == "prompt_no_outputs"
+
+
+def test_required_input_missing(registry):
+    body = errors_of({"1": {"class_type": "TestConst", "inputs": {}, "_meta": {"title": "My const"}},
+                      "2": out(["1", 0])}, registry)
+    assert body["error"]["type"] == "prompt_outputs_failed_validation"
+    err = only_error(body, "1")
+    assert err["type"] == "required_input_missing"
+    for part in ("1", "My const", "TestConst", "value"):
+        assert part in err["message"]
+    assert body["node_errors"]["1"]["dependent_outputs"] == ["2"]
+    assert body["node_errors"]["1"]["class_type"] == "TestConst"
+
+
+@pytest.mark.parametrize("link, kind", [
+    (["9", 0], "bad_linked_input"),  # no such node
+    (["1", 3], "bad_linked_input"),  # output index out of range
+])
+def test_bad_links(registry, link, kind):
+    body = errors_of({"1": {"class_type": "TestConst", "inputs": {"value": 1}},
+                      "2": {"class_type": "TestAdd", "inputs": {"a": link, "b": 1}}, "3": out(["2", 0])}, registry)
+    err = only_error(body, "2")
+    assert err["type"] == kind and "'a'" in err["message"]
+    assert err["extra_info"]["input_name"] == "a"
+
+
+def test_type_mismatch(registry):
+    body = errors_of({"1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}},
+                      "2": {"class_type": "TestAdd", "inputs": {"a": ["1", 0], "b": 1}}, "3": out(["2", 0])}, registry)
+    err = only_error(body, "2")
+    assert err["type"] == "return_type_mismatch" and "INT" in err["message"] and "STRING" in err["message"]
+
+
+def test_star_and_unions_accept(registry):
+    prompt = {"1": {"class_type": "PrimitiveFloat", "inputs": {"value": 1.5}},
+              "2": {"class_type": "ComfyMathExpression", "inputs": {"expression": "a*2", "values.a": ["1", 0]}},
+              "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
+    assert validate_prompt(prompt, registry).outputs == ["3"]
+
+
+@pytest.mark.parametrize("value, kind", [
+    ("abc", "invalid_input_type"), (1.5, "invalid_input_type"), (True, "invalid_input_type"),
+])
+def test_int_coercion_errors(registry, value, kind):
+    body = errors_of({"1": {"class_type": "TestConst", "inputs": {"value": value}}, "2": out(["1", 0])}, registry)
+    assert only_error(body, "1")["type"] == kind
+
+
+def test_coercion_accepts_numeric_strings(registry):
+    validated = validate_prompt({"1": {"class_type": "TestConst", "inputs": {"value": "42"}}, "2": out(["1", 0])}, registry)
+    assert validated.prompt.nodes["1"].inputs["value"] == 42
+
+
+def test_min_max(registry):
+    small = errors_of({"1": {"class_type": "TestListSource", "inputs": {"count": -1, "start": 0}}, "2": out(["1", 0])}, registry)
+    err = only_error(small, "1")
+    assert err["type"] == "value_smaller_than_min" and "-1" in err["message"] and "0" in err["message"]
+    big = errors_of({"1": {"class_type": "TestListSource", "inputs": {"count": 5000, "start": 0}}, "2": out(["1", 0])}, registry)
+    assert only_error(big, "1")["type"] == "value_bigger_than_max"
+
+
+def test_choice_list(registry):
+    from nodes.registry import NodeRegistry
+    from nodes.spec import Input, NodeSpec, Output
+
+    reg = NodeRegistry()
+    reg.register(NodeSpec("Pick", lambda name: (name,), inputs=[Input.combo("name", ["a", "b"], "a", folder="models/loras")],
+                          outputs=[Output("STRING")]))
+    reg.register(NodeSpec("Show", lambda v: None, inputs=[Input.link("v", "*")], output_node=True))
+    body = errors_of({"1": {"class_type": "Pick", "inputs": {"name": "zzz"}},
+                      "2": {"class_type": "Show", "inputs": {"v": ["1", 0]}}}, reg)
+    err = only_error(body, "1")
+    assert err["type"] == "value_not_in_list" and "models/loras" in err["message"] and "zzz" in err["message"]
+
+
+def test_custom_validator(registry):
+    body = errors_of({"1": {"class_type": "TestValidated", "inputs": {"value": 3}}, "2": out(["1", 0])}, registry)
+    err = only_error(body, "1")
+    assert err["type"] == "custom_validation_failed" and "even" in err["message"]
+
+
+def test_cycle_names_the_path(registry):
+    body = errors_of({
+        "3": {"class_type": "TestAdd", "inputs": {"a": ["5", 0], "b": 1}, "_meta": {"title": "A"}},
+        "5": {"class_type": "TestAdd", "inputs": {"a": ["3", 0], "b": 1}, "_meta": {"title": "B"}},
+        "9": out(["5", 0])}, registry)
+    assert body["error"]["type"] == "dependency_cycle"
+    message = body["error"]["message"]
+    assert "3 'A' (TestAdd)" in message and "5 'B' (TestAdd)" in message and message.count("->") == 2
+
+
+def test_some_outputs_valid_runs_the_rest(registry):
+    validated = validate_prompt({
+        "1": {"class_type": "TestConst", "inputs": {"value": 1}}, "2": out(["1", 0]),
+        "3": {"class_type": "TestConst", "inputs": {}}, "4": out(["3", 0])}, registry)
+    assert validated.outputs == ["2"] and "3" in validated.node_errors
+
+
+def test_list_widget_values_unwrap(registry):
+    validated = validate_prompt({"1": {"class_type": "PreviewAny", "inputs": {"source": {"__value__": [1, 2]}}}}, registry)
+    assert validated.prompt.nodes["1"].inputs["source"] == [1, 2]
+
+
+def _malformed_prompts(rng: random.Random):
+    scalars = [None, 0, -1, 2**70, 1.5, float("inf"), "", "x", True, [], {}, [1], ["1"], ["1", "0"], [None, 0],
+               ["1", 0, 0], {"__value__": 1}, "\x00", "../../etc/passwd", [["1", 0]], {"a": 1}]
+    classes = ["TestConst", "TestAdd", "TestOutput", "TestLazySelect", "NoSuch", "", 5, None, "PreviewAny",
+               "TestListSource", "TestExpandAddChain", "ComfyMathExpression", "ComfySwitchNode"]
+    for _ in range(1200):
+        shape = rng.randrange(6)
+        if shape == 0:
+            yield rng.choice(scalars)
+        elif shape == 1:
+            yield {str(rng.randrange(5)): rng.choice(scalars)}
+        else:
+            prompt = {}
+            for i in range(rng.randrange(1, 6)):
+                body = {"class_type": rng.choice(classes)}
+                if rng.random() < 0.9:
+                    body["inputs"] = {rng.choice(["value", "a", "b", "cond", "count", "source", "x", "values.a",
+                                                  "switch", "on_true"]):
+                                      rng.choice(scalars + [[str(rng.randrange(6)), rng.randrange(-1, 3)]])
+                                      for _ in range(rng.randrange(4))}
+                if rng.random() < 0.1:
+                    body["_meta"] = rng.choice(scalars)
+                prompt[str(i) if rng.random() < 0.9 else rng.choice(scalars and ["", " ", "1"])] = body
+            yield prompt
+
+
+def test_a_thousand_malformed_prompts_get_structured_errors(registry, runner):
+    rng = random.Random(1234)
+    refused = 0
+    for prompt in _malformed_prompts(rng):
+        try:
+            validated = validate_prompt(prompt, registry)
+        except PromptError as error:
+            body = error.to_json()
+            assert set(body) == {"error", "node_errors"}
+            assert {"type", "message", "details", "extra_info"} <= set(body["error"])
+            json.dumps(body)
+            refused += 1
+            continue
+        result = runner.executor.run(validated, prompt_id="m")
+        assert result.status in ("success", "error")
+    assert refused >= 1000

@@ -1,0 +1,243 @@
+"""A small testing node pack in the classic ComfyUI interface, loaded like a plugin by the tests."""
+import asyncio
+import time
+
+from execution.context import current
+from execution.types import ExecutionBlocker
+
+
+class TestConst:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0, "min": -(2**63), "max": 2**63 - 1})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value):
+        return (value,)
+
+
+class TestAdd:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"a": ("INT", {"forceInput": True}), "b": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, a, b):
+        return (a + b,)
+
+
+class TestMul:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"a": ("INT", {"forceInput": True}), "b": ("INT", {"forceInput": True})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, a, b):
+        return ((a * b) % 1000003,)
+
+
+class TestLazySelect:
+    """Returns a if cond else b; only the chosen input is computed."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"cond": ("BOOLEAN", {"default": True}),
+                             "a": ("INT", {"lazy": True, "forceInput": True}),
+                             "b": ("INT", {"lazy": True, "forceInput": True})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def check_lazy_status(self, cond, a=None, b=None):
+        return ["a"] if cond else ["b"]
+
+    def run(self, cond, a=None, b=None):
+        return (a if cond else b,)
+
+
+class TestExpandAddChain:
+    """Expands into `steps` TestAdd nodes that each add `increment`."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"forceInput": True}), "steps": ("INT", {"default": 2, "min": 1, "max": 50}),
+                             "increment": ("INT", {"default": 1})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, steps, increment):
+        graph = {"start": {"class_type": "TestConst", "inputs": {"value": value}}}
+        previous = ["start", 0]
+        for i in range(steps):
+            graph[f"add{i}"] = {"class_type": "TestAdd", "inputs": {"a": previous, "b": increment}}
+            previous = [f"add{i}", 0]
+        return {"result": (previous,), "expand": graph}
+
+
+class TestOutput:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("*", {})}, "optional": {"label": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, label=""):
+        return {"ui": {"values": [value], "labels": [label]}}
+
+
+class TestListSource:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"count": ("INT", {"default": 3, "min": 0, "max": 1000}), "start": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    OUTPUT_IS_LIST = (True,)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, count, start):
+        return (list(range(start, start + count)),)
+
+
+class TestListSum:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"values": ("INT", {"forceInput": True})}}
+
+    RETURN_TYPES = ("INT",)
+    INPUT_IS_LIST = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, values):
+        return (sum(values),)
+
+
+class TestFail:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"forceInput": True}), "message": ("STRING", {"default": "boom"})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, message):
+        raise RuntimeError(message)
+
+
+class TestSlow:
+    """Sleeps in small steps, reporting progress (where interruption is checked)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"forceInput": True}), "seconds": ("FLOAT", {"default": 0.2})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, seconds):
+        steps = 20
+        for i in range(steps):
+            time.sleep(seconds / steps)
+            current().progress(i + 1, steps)
+        return (value,)
+
+
+class TestAsyncAdd:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"a": ("INT", {"forceInput": True}), "b": ("INT", {"default": 1})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    async def run(self, a, b):
+        await asyncio.sleep(0)
+        return (a + b,)
+
+
+class TestBlock:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"forceInput": True}), "block": ("BOOLEAN", {"default": True}),
+                             "message": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, block, message):
+        return (ExecutionBlocker(message or None) if block else value,)
+
+
+class TestAlwaysChanged:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    @classmethod
+    def IS_CHANGED(cls, value):
+        return float("nan")
+
+    def run(self, value):
+        return (value,)
+
+
+class TestNotIdempotent:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    NOT_IDEMPOTENT = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value):
+        return (value,)
+
+
+class TestValidated:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, value):
+        return True if value % 2 == 0 else f"value must be even, got {value}"
+
+    def run(self, value):
+        return (value,)
+
+
+NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls in (
+    TestConst, TestAdd, TestMul, TestLazySelect, TestExpandAddChain, TestOutput, TestListSource, TestListSum,
+    TestFail, TestSlow, TestAsyncAdd, TestBlock, TestAlwaysChanged, TestNotIdempotent, TestValidated,
+)}
+NODE_DISPLAY_NAME_MAPPINGS = {"TestOutput": "Test Output"}
