@@ -226,6 +226,10 @@ class _RunState:
                 self.values[node_id] = hit.outputs
                 self.result.cached.append(node_id)
                 self.cached_now.append(node_id)
+                if node.parent is None:
+                    self.result.profile[node_id] = {
+                        "class_type": node.class_type, "display_node": node.display_id, "cached": True,
+                        "wall_ms": 0.0, "cpu_ms": 0.0, "peak_rss_growth_bytes": 0, "calls": 0, "runs": 0}
                 if hit.ui:
                     self._record_ui(node, hit.ui)
                 self._finish(node_id)

@@ -1,0 +1,70 @@
+"""The headless runner through its command line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_default_workflow_runs_and_reports_files(tmp_path):
+    done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path, "--json",
+                   "--profile-json", tmp_path / "profile.json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == "success" and report["prompt_id"]
+    assert report["files"] and all(Path(f).is_file() for f in report["files"])
+    assert all(Path(f).resolve().is_relative_to(tmp_path.resolve() / "output") for f in report["files"])
+    assert report["profile"] and json.loads((tmp_path / "profile.json").read_text()) == report["profile"]
+
+
+def test_set_overrides_an_input(tmp_path):
+    done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path, "--json", "--set", "2.width=64",
+                   "--set", "2.height=32")
+    assert done.returncode == 0, done.stderr
+    from PIL import Image
+
+    path = json.loads(done.stdout.strip().splitlines()[-1])["files"][0]
+    assert Image.open(path).size == (64, 32)
+
+
+def test_text_mode_prints_written_paths_and_time_table(tmp_path):
+    done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "wrote " in done.stdout and "wall ms" in done.stdout
+
+
+def test_invalid_workflow_exits_nonzero_with_structured_error(tmp_path):
+    prompt = {"1": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1, "color": 0}},
+              "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prompt))
+    done = run_cli("run", path, "--base-directory", tmp_path, "--json")
+    assert done.returncode != 0
+    body = json.loads(done.stdout)
+    assert body["error"]["type"] == "prompt_outputs_failed_validation"
+    assert body["node_errors"]["1"]["errors"][0]["type"] == "value_smaller_than_min"
+    checked = run_cli("validate", path, "--base-directory", tmp_path)
+    assert checked.returncode != 0 and json.loads(checked.stdout)["node_errors"]
+
+
+def test_validate_accepts_the_default_workflow(tmp_path):
+    done = run_cli("validate", "workflows/default.json", "--base-directory", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["valid"] is True
+
+
+def test_missing_file_and_bad_json_are_reported(tmp_path):
+    missing = run_cli("run", tmp_path / "nope.json", "--base-directory", tmp_path)
+    assert missing.returncode != 0 and "does not exist" in missing.stdout
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    bad = run_cli("run", broken, "--base-directory", tmp_path)
+    assert bad.returncode != 0 and "not valid JSON" in bad.stdout
