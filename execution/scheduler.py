@@ -26,6 +26,7 @@ are checked between nodes and inside progress callbacks.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import itertools
 import resource
@@ -42,7 +43,7 @@ from execution.cache import CachedResult, NoCache, OutputCache, node_signature
 from execution.events import EventBus, timestamp_ms
 from execution.graph import Link, Prompt, PromptNode, is_link_value, parse_input_value
 from execution.paths import Paths
-from execution.types import ExecutionBlocker, normalize_result
+from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 from execution.validation import ValidatedPrompt
 
 
@@ -50,14 +51,10 @@ class JobControl:
     """Cooperative interruption of one job; set from any thread."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.interrupted = False  # read between nodes and in progress callbacks; set from any thread
 
     def interrupt(self) -> None:
-        self._event.set()
-
-    @property
-    def interrupted(self) -> bool:
-        return self._event.is_set()
+        self.interrupted = True
 
 
 @dataclass
@@ -76,6 +73,17 @@ class JobResult:
 
     def __repr__(self) -> str:  # asyncio reprs task results; a 50k-node profile must not be printed
         return f"JobResult({self.prompt_id!r}, {self.status!r}, executed={len(self.executed)}, cached={len(self.cached)})"
+
+
+class _Collected:
+    """A node's outputs gathered over its calls."""
+
+    __slots__ = ("outputs", "ui", "expansions")
+
+    def __init__(self, output_count: int) -> None:
+        self.outputs: list[list[Any]] = [[] for _ in range(output_count)]
+        self.ui: dict = {}
+        self.expansions: list[dict] = []
 
 
 class NodeExecutionError(Exception):
@@ -167,6 +175,9 @@ class _RunState:
         self.result = JobResult(prompt_id, "success")
         self.cached_now: list[str] = []
         self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def _is_interrupted(self) -> bool:
+        return self.control.interrupted
 
     # ------------------------------------------------------------------ events
     def emit(self, event: str, data: dict) -> None:
@@ -293,6 +304,9 @@ class _RunState:
     async def run(self, outputs: list[str], order: list[str] | None = None) -> JobResult:
         self.emit("execution_start", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
         self.cache.begin_prompt()
+        # The prompt's graph lives as long as the run: keep the cyclic collector from rescanning it
+        # (on a 50k-node graph, repeated full collections make the run superlinear).
+        gc.freeze()
         try:
             if order is None:
                 order = self.prompt.ordered_ancestors(outputs)
@@ -320,6 +334,7 @@ class _RunState:
                 "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()}
             self.emit("execution_error", self.result.error)
         finally:
+            gc.unfreeze()
             for task in list(self.running):
                 task.cancel()
             self.cache.end_prompt(self.used_signatures)
@@ -399,7 +414,7 @@ class _RunState:
     def _context(self, node: PromptNode) -> run_context.RunContext:
         return run_context.RunContext(
             prompt_id=self.prompt_id, node_id=node.id, display_node_id=node.display_id, paths=self.ex.paths,
-            emit=self.emit, is_interrupted=lambda: self.control.interrupted, runtime=self.ex.runtime,
+            emit=self.emit, is_interrupted=self._is_interrupted, runtime=self.ex.runtime,
             parent_node_id=node.parent, real_node_id=node.real_id or node.id)
 
     async def _start(self, node_id: str) -> None:
@@ -417,10 +432,10 @@ class _RunState:
                 self.need(stack)
                 return
         if spec.is_async:
-            task = asyncio.ensure_future(self._execute(node, spec, gathered))
+            task = asyncio.ensure_future(self._execute_async(node, spec, gathered))
             self.running[task] = node_id
         else:
-            await self._execute(node, spec, gathered)
+            self._execute_sync(node, spec, gathered)
 
     def _lazy_status(self, spec, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
         args = {k: (v if spec.input_is_list else (v[0] if v else None)) for k, v in gathered.items()}
@@ -461,28 +476,108 @@ class _RunState:
             "real_node_id": node.id,
         }
 
-    async def _execute(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
+    def _begin(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> ExecutionBlocker | None:
+        """Checks and events before a node's calls; returns the blocker that skips it, if any."""
         if self.control.interrupted:
             stop = run_context.ExecutionInterrupted("interrupted")
             stop.node = node
             raise stop
-        node_id = node.id
         if self.bus.active:
             self.emit("executing", {"node": node.display_id, "display_node": node.display_id,
                                     "prompt_id": self.prompt_id})
             self.emit("progress_state", {"prompt_id": self.prompt_id, "nodes": {node.display_id: {
                 "value": 0, "max": 1, "state": "running", "node_id": node.display_id, "prompt_id": self.prompt_id,
                 "display_node_id": node.display_id, "parent_node_id": node.parent, "real_node_id": node.real_id or node.id}}})
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
         blocked = self._blocker_in(gathered)
-        calls = 0
+        if blocked is not None and spec.output_node and blocked.message:
+            raise NodeExecutionError(self._error_payload(node, RuntimeError(blocked.message), gathered))
+        return blocked
+
+    def _execute_sync(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        blocked = self._begin(node, spec, gathered)
         if blocked is not None:
-            if spec.output_node and blocked.message:
-                raise NodeExecutionError(self._error_payload(node, RuntimeError(blocked.message), gathered))
-            outputs = [[blocked] for _ in spec.outputs]
-            ui, expand = None, []
+            self._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, wall0, cpu0)
+            return
+        calls = self._call_args(spec, gathered)
+        collected = _Collected(len(spec.outputs))
+        context = self._context(node)
+        for args in calls:
+            token = run_context.activate(context)
+            try:
+                result = spec.execute(**spec.group_arguments(args))
+                if inspect.isawaitable(result):
+                    raise TypeError(f"node '{spec.node_id}' returned an awaitable from a non-async execute")
+            except run_context.ExecutionInterrupted as stop:
+                stop.node = node
+                raise
+            except Exception as exc:
+                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
+            finally:
+                run_context.deactivate(token)
+            self._collect(node, spec, result, collected, gathered)
+        self._end(node, spec, collected.outputs, collected.ui or None, collected.expansions, len(calls), wall0, cpu0)
+
+    async def _execute_async(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        blocked = self._begin(node, spec, gathered)
+        if blocked is not None:
+            self._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, wall0, cpu0)
+            return
+        calls = self._call_args(spec, gathered)
+        collected = _Collected(len(spec.outputs))
+        context = self._context(node)
+        for args in calls:
+            token = run_context.activate(context)
+            try:
+                result = spec.execute(**spec.group_arguments(args))
+                if inspect.isawaitable(result):
+                    result = await result
+            except run_context.ExecutionInterrupted as stop:
+                stop.node = node
+                raise
+            except Exception as exc:
+                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
+            finally:
+                run_context.deactivate(token)
+            self._collect(node, spec, result, collected, gathered)
+        self._end(node, spec, collected.outputs, collected.ui or None, collected.expansions, len(calls), wall0, cpu0)
+
+    @staticmethod
+    def _call_args(spec, gathered: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        """One argument dict per call: list inputs are mapped, shorter lists repeat their last item."""
+        if spec.input_is_list:
+            return [gathered]
+        lengths = [len(v) for v in gathered.values()]
+        if all(n == 1 for n in lengths):
+            return [{k: v[0] for k, v in gathered.items()}]
+        count = 0 if any(n == 0 for n in lengths) else max(lengths, default=1)
+        return [{k: v[i] if i < len(v) else v[-1] for k, v in gathered.items()} for i in range(count)]
+
+    def _collect(self, node: PromptNode, spec, result: Any, collected: "_Collected", gathered) -> None:
+        """Add one call's result to the node's per-output lists."""
+        if type(result) is tuple and len(result) == len(spec.outputs):
+            result = NodeOutput(result)
         else:
-            outputs, ui, expand, calls = await self._map_calls(node, spec, gathered)
+            try:
+                result = normalize_result(spec, result)
+            except TypeError as exc:
+                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
+        if result.ui:
+            _merge_ui(collected.ui, result.ui)
+        if result.expand:
+            collected.expansions.append(result.expand)
+        values = result.values
+        for index, out_spec in enumerate(spec.outputs):
+            value = values[index] if index < len(values) else None
+            if out_spec.is_list and not (result.expand and is_link_value(value)):
+                collected.outputs[index].extend(value if isinstance(value, (list, tuple)) else [value])
+            else:
+                collected.outputs[index].append(value)
+
+    def _end(self, node: PromptNode, spec, outputs: list[list[Any]], ui: dict | None, expand: list,
+             calls: int, wall0: float, cpu0: float) -> None:
+        """Profile the node, record its UI, then complete it (or wait for its expansion)."""
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -493,7 +588,7 @@ class _RunState:
         }
         self.peak_rss = peak_rss
         if node.parent is None:
-            self.result.profile[node_id] = row
+            self.result.profile[node.id] = row
         else:  # ephemeral nodes (loop iterations) add up under the editor node they stand for
             key = f"{node.display_id}:{node.class_type}"
             total = self.result.profile.get(key)
@@ -502,7 +597,7 @@ class _RunState:
             else:
                 for field_name in ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs"):
                     total[field_name] += row[field_name]
-        self.result.executed.append(node_id)
+        self.result.executed.append(node.id)
         if ui:
             self._record_ui(node, ui)
         if expand:
@@ -532,45 +627,6 @@ class _RunState:
                 if type(item) is ExecutionBlocker:
                     return item
         return None
-
-    async def _map_calls(self, node: PromptNode, spec, gathered: dict[str, list[Any]]):
-        if spec.input_is_list:
-            call_args = [gathered]
-        elif all(len(v) == 1 for v in gathered.values()):
-            call_args = [{k: v[0] for k, v in gathered.items()}]
-        else:
-            lengths = [len(v) for v in gathered.values()]
-            count = 0 if any(n == 0 for n in lengths) else max(lengths, default=1)
-            call_args = [{k: v[i] if i < len(v) else v[-1] for k, v in gathered.items()} for i in range(count)]
-        outputs: list[list[Any]] = [[] for _ in spec.outputs]
-        ui: dict = {}
-        expansions = []
-        context = self._context(node)
-        for args in call_args:
-            token = run_context.activate(context)
-            try:
-                result = spec.execute(**spec.group_arguments(args))
-                if inspect.isawaitable(result):
-                    result = await result
-                result = normalize_result(spec, result)
-            except run_context.ExecutionInterrupted as stop:
-                stop.node = node
-                raise
-            except Exception as exc:
-                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
-            finally:
-                run_context.deactivate(token)
-            if result.ui:
-                _merge_ui(ui, result.ui)
-            if result.expand:
-                expansions.append(result.expand)
-            for index, out_spec in enumerate(spec.outputs):
-                value = result.values[index] if index < len(result.values) else None
-                if out_spec.is_list and not (result.expand and is_link_value(value)):
-                    outputs[index].extend(value if isinstance(value, (list, tuple)) else [value])
-                else:
-                    outputs[index].append(value)
-        return outputs, (ui or None), expansions, len(call_args)
 
     # ------------------------------------------------------------------ expansion
     def _expand(self, node: PromptNode, spec, outputs: list[list[Any]], ui: dict | None, graphs: list[dict]) -> None:

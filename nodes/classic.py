@@ -82,12 +82,19 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         return instance_holder[0]
 
     method = getattr(cls, function_name)
+    bound_method: list[Any] = []  # the instance's method, looked up once
+
+    def target():
+        if not bound_method:
+            bound_method.append(getattr(instance(), function_name))
+        return bound_method[0]
+
     if inspect.iscoroutinefunction(method):
         async def execute(**kwargs):
-            return await getattr(instance(), function_name)(**kwargs)
+            return await target()(**kwargs)
     else:
         def execute(**kwargs):
-            return getattr(instance(), function_name)(**kwargs)
+            return (bound_method[0] if bound_method else target())(**kwargs)
 
     def bound(attribute: str):
         fn = getattr(cls, attribute, None)

@@ -250,7 +250,7 @@ class NodeSpec:
     def group_arguments(self, flat: Mapping[str, Any]) -> dict[str, Any]:
         """Turn flat resolved values into execute's keyword arguments (dynamic inputs grouped)."""
         if self._static_flat is not None:
-            return dict(flat)
+            return flat
         kwargs: dict[str, Any] = {}
         groups: dict[str, dict[str, Any]] = {}
         for key, value in flat.items():
