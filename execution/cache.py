@@ -12,7 +12,7 @@ the default), none.
 """
 from __future__ import annotations
 
-import hashlib
+from hashlib import blake2b
 import itertools
 import math
 import os
@@ -50,28 +50,30 @@ def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
     """The structural signature of `node` given its upstream nodes' signatures.
 
     A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0
-    and True differ) and its inputs' upstream signatures and output indices.
+    and True differ) and its inputs' upstream signatures and output indices. `fingerprint` is only
+    called for nodes that declare one or carry a salt.
     """
     parts = [node.class_type]
     if spec is not None and spec.not_idempotent:
         parts.append("#id:" + node.id)
-    if fingerprint is not None:
+    if fingerprint is not None and (node.salt is not None or (spec is not None and spec.fingerprint is not None)):
         mark = fingerprint(node, spec)
         if isinstance(mark, float) and math.isnan(mark):
             parts.append(f"#fresh:{os.getpid()}:{next(_fresh)}")
         elif mark is not None:
             parts.append("#fp:" + _const_repr(mark))
     inputs = node.inputs
-    for name in sorted(inputs) if len(inputs) > 1 else inputs:
+    append = parts.append
+    for name in (sorted(inputs) if len(inputs) > 1 else inputs):
         value = inputs[name]
         kind = type(value)
         if kind is Link:
-            parts.append(f"{name}<{upstream.get(value.node, '?' + value.node)}:{value.output}")
+            append(f"{name}<{upstream.get(value.node) or '?' + value.node}:{value.output}")
         elif kind in _PLAIN:
-            parts.append(f"{name}={kind.__name__}:{value!r}")
+            append(f"{name}={kind.__name__}:{value!r}")
         else:
-            parts.append(f"{name}={_const_repr(value)}")
-    return hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+            append(f"{name}={_const_repr(value)}")
+    return blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def estimate_bytes(value: Any, _depth: int = 0) -> int:

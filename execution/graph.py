@@ -6,16 +6,32 @@ Expansion adds ephemeral nodes that carry their parent's id and a display id for
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 
-@dataclass(frozen=True, slots=True)
 class Link:
-    """A connection from output `output` of node `node`."""
+    """A connection from output `output` of node `node` (immutable; a plain class for speed)."""
 
-    node: str
-    output: int
+    __slots__ = ("node", "output")
+
+    def __init__(self, node: str, output: int) -> None:
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "output", output)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Link is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Link and other.node == self.node and other.output == self.output
+
+    def __hash__(self) -> int:
+        return hash((self.node, self.output))
+
+    def __repr__(self) -> str:
+        return f"Link({self.node!r}, {self.output})"
 
     def to_json(self) -> list:
         return [self.node, self.output]
@@ -104,10 +120,26 @@ class Prompt:
         nodes = {}
         for node_id, body in data.items():
             node_id = str(node_id)
-            meta = body.get("_meta") or {}
-            title = meta.get("title") if isinstance(meta, dict) else None
-            inputs = {name: parse_input_value(value) for name, value in (body.get("inputs") or {}).items()}
-            nodes[node_id] = PromptNode(node_id, body["class_type"], inputs, title if isinstance(title, str) else None)
+            meta = body.get("_meta")
+            title = meta.get("title") if type(meta) is dict else None
+            inputs: dict[str, Any] = {}
+            links: list[tuple[str, Link]] = []
+            for name, value in (body.get("inputs") or {}).items():
+                kind = type(value)
+                if kind is list:
+                    if len(value) == 2:  # parse_input_value's rule, inlined: this loop is per input
+                        source, index = value
+                        if type(index) is int and type(source) in (str, int):
+                            value = Link(str(source), index)
+                            links.append((name, value))
+                        else:
+                            value = MalformedLink(value)
+                elif kind is dict and len(value) == 1 and "__value__" in value:
+                    value = value["__value__"]
+                inputs[name] = value
+            node = PromptNode(node_id, body["class_type"], inputs, title if type(title) is str else None)
+            node._links = links
+            nodes[node_id] = node
         return cls(nodes, data)
 
     def __contains__(self, node_id: str) -> bool:
@@ -216,3 +248,21 @@ class Prompt:
         cycle = path[visited.get(current, 0):]
         cycle.reverse()  # upstream walk reversed gives data-flow order
         return cycle + [cycle[0]]
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector around work over a whole graph.
+
+    A prompt allocates a few objects per node; with the collector on, its full collections rescan
+    every live object again and again, which made 50k-node prompts 50% slower per node than 10k-node
+    ones. Reference counting still frees everything acyclic at once; cycles wait for the end (or for
+    `collect_young()` calls in long runs). Nested use is fine.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

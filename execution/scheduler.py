@@ -41,7 +41,7 @@ from typing import Any
 from execution import context as run_context
 from execution.cache import CachedResult, NoCache, OutputCache, node_signature
 from execution.events import EventBus, timestamp_ms
-from execution.graph import Link, Prompt, PromptNode, is_link_value, parse_input_value
+from execution.graph import Link, Prompt, PromptNode, collector_paused, is_link_value, parse_input_value
 from execution.paths import Paths
 from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 from execution.validation import ValidatedPrompt
@@ -304,9 +304,8 @@ class _RunState:
     async def run(self, outputs: list[str], order: list[str] | None = None) -> JobResult:
         self.emit("execution_start", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
         self.cache.begin_prompt()
-        # The prompt's graph lives as long as the run: keep the cyclic collector from rescanning it
-        # (on a 50k-node graph, repeated full collections make the run superlinear).
-        gc.freeze()
+        paused = collector_paused()
+        paused.__enter__()
         try:
             if order is None:
                 order = self.prompt.ordered_ancestors(outputs)
@@ -334,7 +333,7 @@ class _RunState:
                 "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()}
             self.emit("execution_error", self.result.error)
         finally:
-            gc.unfreeze()
+            paused.__exit__(None, None, None)
             for task in list(self.running):
                 task.cancel()
             self.cache.end_prompt(self.used_signatures)
@@ -598,6 +597,8 @@ class _RunState:
                 for field_name in ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs"):
                     total[field_name] += row[field_name]
         self.result.executed.append(node.id)
+        if len(self.result.executed) % 4096 == 0:
+            gc.collect(0)  # the collector is paused for the run: clear short-lived cycles now and then
         if ui:
             self._record_ui(node, ui)
         if expand:

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 
 from execution.errors import PromptError, node_error
-from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode
+from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode, collector_paused
 from execution.types import types_compatible
 
 PROMPT_SCHEMA = {
@@ -284,6 +284,11 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
     Rules that span several nodes (such as loop pairing) come from `registry.graph_checks`:
     `fn(prompt, registry, options) -> {node_id: [error, ...]}`, reported through the same path.
     """
+    with collector_paused():
+        return _validate(data, registry, partial_targets, options)
+
+
+def _validate(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> ValidatedPrompt:
     check_structure(data)
     prompt = Prompt.from_api(data)
     for node in prompt.nodes.values():
