@@ -45,35 +45,57 @@ def _const_repr(value: Any) -> str:
 _PLAIN = (int, float, str, bool, type(None))
 
 
+class SignatureMemo:
+    """Structural keys -> digests, kept across prompts, so an unchanged node's signature costs a
+    tuple hash instead of a digest. Bounded: cleared when it outgrows `max_entries`."""
+
+    def __init__(self, max_entries: int = 1 << 20) -> None:
+        self.max_entries = max_entries
+        self._digests: dict[tuple, str] = {}
+
+    def digest(self, key: tuple) -> str:
+        found = self._digests.get(key)
+        if found is None:
+            found = blake2b(repr(key).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+            if len(self._digests) >= self.max_entries:
+                self._digests.clear()
+            self._digests[key] = found
+        return found
+
+
 def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
-                   fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
+                   fingerprint: Callable[[PromptNode, Any], Any] | None = None,
+                   memo: SignatureMemo | None = None) -> str:
     """The structural signature of `node` given its upstream nodes' signatures.
 
     A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0
     and True differ) and its inputs' upstream signatures and output indices. `fingerprint` is only
     called for nodes that declare one or carry a salt.
     """
-    parts = [node.class_type]
+    key: list[Any] = [node.class_type]
     if spec is not None and spec.not_idempotent:
-        parts.append("#id:" + node.id)
+        key.append(("#id", node.id))
     if fingerprint is not None and (node.salt is not None or (spec is not None and spec.fingerprint is not None)):
         mark = fingerprint(node, spec)
         if isinstance(mark, float) and math.isnan(mark):
-            parts.append(f"#fresh:{os.getpid()}:{next(_fresh)}")
+            key.append(("#fresh", os.getpid(), next(_fresh)))
         elif mark is not None:
-            parts.append("#fp:" + _const_repr(mark))
+            key.append(("#fp", _const_repr(mark)))
     inputs = node.inputs
-    append = parts.append
+    append = key.append
     for name in (sorted(inputs) if len(inputs) > 1 else inputs):
         value = inputs[name]
         kind = type(value)
         if kind is Link:
-            append(f"{name}<{upstream.get(value.node) or '?' + value.node}:{value.output}")
+            append((name, upstream.get(value.node) or "?" + value.node, value.output))
         elif kind in _PLAIN:
-            append(f"{name}={kind.__name__}:{value!r}")
+            append((name, kind.__name__, value))
         else:
-            append(f"{name}={_const_repr(value)}")
-    return blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+            append((name, "repr", _const_repr(value)))
+    key_tuple = tuple(key)
+    if memo is not None:
+        return memo.digest(key_tuple)
+    return blake2b(repr(key_tuple).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def estimate_bytes(value: Any, _depth: int = 0) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execution import context as run_context
-from execution.cache import CachedResult, NoCache, OutputCache, node_signature
+from execution.cache import CachedResult, NoCache, OutputCache, SignatureMemo, node_signature
 from execution.events import EventBus, timestamp_ms
 from execution.graph import Link, Prompt, PromptNode, collector_paused, is_link_value, parse_input_value
 from execution.paths import Paths
@@ -128,6 +128,7 @@ class Executor:
         self.paths = paths or Paths(".")
         self.runtime = runtime if runtime is not None else {}
         self._lock = threading.Lock()  # one prompt at a time: nodes share models and memory
+        self.signature_memo = SignatureMemo()
 
     def run(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
             control: JobControl | None = None) -> JobResult:
@@ -206,7 +207,8 @@ class _RunState:
         for node_id in (node_ids if ordered else self.prompt.topological_order(node_ids)):
             node = self.prompt.nodes[node_id]
             spec = self.registry.get(node.class_type)
-            self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
+            self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint,
+                                                     memo=self.ex.signature_memo)
 
     # ------------------------------------------------------------------ needing nodes
     def _deps_of(self, node: PromptNode, spec) -> set[str]:
