@@ -235,6 +235,8 @@ class _NodeChecker:
                 bad = [] if value in choices else [value]
             if bad:
                 folder = getattr(inp, "folder", "")
+                if callable(folder):  # a file list names the folder it actually searched
+                    folder = folder()
                 where = f" (searched folder: {folder})" if folder else ""
                 shown = choices if len(choices) <= 20 else choices[:20] + ["..."]
                 self.fail(node, node_error(

@@ -41,6 +41,11 @@ _PREFIX_TOOLTIP = (
 )
 
 
+def input_folder() -> str:
+    """The input folder file choices are listed from (named in missing-file errors)."""
+    return str(current().paths.input)
+
+
 # ---------------------------------------------------------------------- file helpers (shared)
 def list_input_files(suffixes: tuple[str, ...]) -> list[str]:
     """Files in the input folder with one of `suffixes`, relative with '/', hidden files skipped."""
@@ -323,7 +328,7 @@ def _get_image_size(image: torch.Tensor, unique_id: Any = None) -> tuple[int, in
     return width, height, batch_size
 
 
-_IMAGE_CHOICE = Input.combo("image", lambda: list_input_files(IMAGE_EXTENSIONS), image_upload=True, folder="input")
+_IMAGE_CHOICE = Input.combo("image", lambda: list_input_files(IMAGE_EXTENSIONS), image_upload=True, folder=input_folder)
 
 NODES = [
     NodeSpec(

@@ -29,7 +29,8 @@ import torch
 
 from execution.context import current
 from nodes.image import (
-    annotated_folder, annotated_path, check_image, check_input_file, file_metadata, file_sha256, list_input_files, output_target,
+    annotated_folder, annotated_path, check_image, check_input_file, file_metadata, file_sha256, input_folder,
+    list_input_files, output_target,
     temp_prefix,
 )
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
@@ -674,7 +675,7 @@ def _preview_audio(audio: dict, prompt: Any = None, extra_pnginfo: Any = None) -
 
 
 def _file_choice(name: str, suffixes: tuple[str, ...], upload_option: str) -> Any:
-    spec = Input.combo(name, lambda: list_input_files(suffixes), folder="input")
+    spec = Input.combo(name, lambda: list_input_files(suffixes), folder=input_folder)
     return dataclasses.replace(spec, options={**spec.options, upload_option: True})
 
 

@@ -420,12 +420,13 @@ class Input:
 
 @dataclass(frozen=True)
 class _ComboInput(InputSpec):
-    folder: str = ""
+    folder: Any = ""  # a folder name, or a function returning the folder searched
 
 
 def combo_folder(spec: InputSpec) -> str | None:
     """The folder a file-choice combo lists, for error messages."""
-    return getattr(spec, "folder", None) or None
+    folder = getattr(spec, "folder", None)
+    return (folder() if callable(folder) else folder) or None
 
 
 def Output(type: str, name: str = "", *, is_list: bool = False, tooltip: str | None = None,
