@@ -54,6 +54,9 @@ def _argument_extensions():
         extensions.append(memory.add_cli_arguments)
     except (ImportError, AttributeError):
         pass
+    from nodes import plugins
+
+    extensions.append(plugins.add_cli_arguments)
     return extensions
 
 
@@ -92,6 +95,10 @@ class Runtime:
         self.events = events or EventBus()
         services = {"max_loop_iterations": args.max_loop_iterations}
         run_context.configure(self.paths, services)
+        # After configure: plugins may list model files (folder_paths) while they import.
+        from nodes import plugins
+
+        self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args)
         self.executor = Executor(self.registry, cache=cache_from_args(args), events=self.events, paths=self.paths,
                                  runtime=services)
 

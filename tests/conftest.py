@@ -1,8 +1,8 @@
 """Shared fixtures: a registry of the built-in nodes plus the testing node pack, and an executor."""
 from __future__ import annotations
 
-import importlib
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -10,18 +10,16 @@ from execution.cache import make_cache
 from execution.paths import Paths
 from execution.scheduler import Executor
 from execution.validation import validate_prompt
-from nodes.classic import specs_from_mappings
+from nodes.plugins import load_plugin
 from nodes.registry import NodeRegistry, builtin_registry
 
 
 def testing_registry(*, builtins: bool = True) -> NodeRegistry:
-    """Built-in nodes plus tests/nodes_pack, registered the way a plugin is."""
+    """Built-in nodes plus tests/nodes_pack, loaded by the plugin loader (as custom_nodes.nodes_pack)."""
     registry = builtin_registry() if builtins else NodeRegistry()
-    pack = importlib.import_module("tests.nodes_pack")
-    registry.register_all(
-        specs_from_mappings(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, python_module="tests.nodes_pack"),
-        origin="tests.nodes_pack",
-    )
+    report = load_plugin(registry, Path(__file__).resolve().parent / "nodes_pack")
+    if report.status != "loaded":
+        raise RuntimeError(f"the testing node pack did not load: {report.reason}")
     return registry
 
 

@@ -1,0 +1,217 @@
+"""Backend registries: each op tries its backends in priority order and runs the first capable one.
+
+A backend is a function with the op's signature plus two checks: `available()` once per process
+(is the package importable, is there a CUDA device) and `check(*args, **kwargs)` per call (device,
+dtype, shape, contiguity). Both return None when the backend can run, else the reason it cannot.
+`eager` is the reference of every op and always runs.
+
+The choice can be forced, most specific first:
+  1. `backend=` passed to the op (where the op takes it, e.g. attention);
+  2. the environment variable WEFT_KERNEL_BACKEND: either a backend name for every op that has one
+     of that name (`compiled`), or per op (`linear:compiled,conv3d:eager`);
+  3. `disable_fused_kernels()` (`--disable-fused-kernels`): every op runs `eager`.
+A forced backend that cannot run the call raises ValueError saying why; it never falls back silently.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+ENV_VAR = "WEFT_KERNEL_BACKEND"
+FAST_OPTIONS = ("fp16_accumulation",)
+
+logger = logging.getLogger(__name__)
+
+_fused_disabled = False
+_fast_options: frozenset[str] = frozenset()
+_registries: dict[str, "KernelRegistry"] = {}
+
+
+def disable_fused_kernels(disabled: bool = True) -> None:
+    """Make every op run its eager reference (`--disable-fused-kernels`); pass False to undo."""
+    global _fused_disabled
+    _fused_disabled = bool(disabled)
+
+
+def fused_kernels_enabled() -> bool:
+    """False after disable_fused_kernels()."""
+    return not _fused_disabled
+
+
+def set_fast_options(options: Iterable[str]) -> None:
+    """Opt into less exact math (`--fast OPTION...`); replaces the earlier set."""
+    global _fast_options
+    options = frozenset(options)
+    unknown = options - set(FAST_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown --fast option(s) {sorted(unknown)}; expected some of {FAST_OPTIONS}")
+    _fast_options = options
+    # fp16 accumulation exists for CUDA matrix products (cuBLAS) only; PyTorch has no such switch for
+    # cuDNN convolutions, so conv3d keeps float32 accumulation whatever the flag says.
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "allow_fp16_accumulation"):
+        matmul.allow_fp16_accumulation = "fp16_accumulation" in options
+
+
+def fast_option(name: str) -> bool:
+    """Whether `--fast name` is on."""
+    return name in _fast_options
+
+
+class BackendUnavailable(RuntimeError):
+    """Raised by a backend that found at run time that it cannot serve the call (e.g. its compile failed)."""
+
+
+@dataclass
+class Backend:
+    """One implementation of an op, with its process-wide and per-call capability checks."""
+
+    name: str
+    fn: Callable[..., Any]
+    check: Callable[..., str | None] | None = None  # per call: None = can run, else the reason
+    available: Callable[[], str | None] | None = None  # once per process: None = present, else the reason
+    # per call, automatic choice only: None = worth using, else why not (a forced backend ignores it)
+    worthwhile: Callable[..., str | None] | None = None
+    _availability: tuple[str | None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run at all in this process (None when it can), cached."""
+        if self._availability is None:
+            try:
+                reason = self.available() if self.available is not None else None
+            except Exception as error:  # an import that fails in an odd way is just "not available"
+                reason = f"{type(error).__name__}: {error}"
+            self._availability = (reason,)
+        return self._availability[0]
+
+    def decline_reason(self, *args, **kwargs) -> str | None:
+        """Why this backend cannot run this call (None when it can)."""
+        reason = self.unavailable_reason()
+        if reason is None and self.check is not None:
+            reason = self.check(*args, **kwargs)
+        return reason
+
+
+def _forced_from_env(op: str) -> str | None:
+    value = os.environ.get(ENV_VAR, "").strip()
+    if not value:
+        return None
+    bare = None
+    for part in value.split(","):
+        part = part.strip()
+        if ":" in part:
+            op_name, _, backend = part.partition(":")
+            if op_name.strip() == op:
+                return backend.strip()
+        elif part:
+            bare = part
+    if bare is None:
+        return None
+    known = {name for registry in _registries.values() for name in registry.names()}
+    if bare not in known:
+        import kernels.attention, kernels.conv3d, kernels.linear  # noqa: F401 (every op registers its backends)
+        known = {name for registry in _registries.values() for name in registry.names()}
+    if bare not in known:
+        raise ValueError(f"{ENV_VAR}={value!r}: no op has a backend named {bare!r}; known backends: {sorted(known)}")
+    # A bare name forces only the ops that have a backend of that name.
+    return bare if bare in _registries[op].names() else None
+
+
+class KernelRegistry:
+    """The backends of one op in priority order; calling it runs the first capable one."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self._backends: list[Backend] = []
+        self._local = threading.local()
+        _registries[op] = self
+
+    def register(self, name: str, fn: Callable[..., Any], *, check: Callable[..., str | None] | None = None,
+                 available: Callable[[], str | None] | None = None,
+                 worthwhile: Callable[..., str | None] | None = None, before: str | None = None) -> Backend:
+        """Add a backend (last in priority unless `before` names one it should precede)."""
+        if any(b.name == name for b in self._backends):
+            raise ValueError(f"kernel op {self.op!r} already has a backend named {name!r}")
+        backend = Backend(name, fn, check, available, worthwhile)
+        index = len(self._backends)
+        if before is not None:
+            index = next((i for i, b in enumerate(self._backends) if b.name == before), None)
+            if index is None:
+                raise ValueError(f"kernel op {self.op!r} has no backend {before!r} to insert {name!r} before")
+        self._backends.insert(index, backend)
+        return backend
+
+    def unregister(self, name: str) -> None:
+        """Remove a backend (tests register temporary ones)."""
+        self._backends = [b for b in self._backends if b.name != name]
+
+    def names(self) -> list[str]:
+        """Backend names in priority order."""
+        return [b.name for b in self._backends]
+
+    def available_names(self) -> list[str]:
+        """Names of the backends present in this process (they may still decline a given call)."""
+        return [b.name for b in self._backends if b.unavailable_reason() is None]
+
+    def backend(self, name: str) -> Backend:
+        """The backend called `name`."""
+        for backend in self._backends:
+            if backend.name == name:
+                return backend
+        raise ValueError(f"kernel op {self.op!r} has no backend {name!r}; it has {self.names()}")
+
+    @property
+    def last_backend(self) -> str | None:
+        """The backend that ran this thread's most recent call (for tests and profiles)."""
+        return getattr(self._local, "last", None)
+
+    def forced_backend(self, backend: str | None = None) -> tuple[str | None, str]:
+        """The backend name forcing this call (None for automatic choice) and what forced it."""
+        if backend is not None:
+            return backend, "the backend= argument"
+        forced = _forced_from_env(self.op)
+        if forced is not None:
+            return forced, f"{ENV_VAR}={os.environ.get(ENV_VAR)!r}"
+        if _fused_disabled:
+            return "eager", "--disable-fused-kernels"
+        return None, ""
+
+    def __call__(self, *args, backend: str | None = None, **kwargs):
+        forced, source = self.forced_backend(backend)
+        if forced is not None:
+            chosen = self.backend(forced)
+            reason = chosen.decline_reason(*args, **kwargs)
+            if reason is not None:
+                raise ValueError(f"kernel {self.op!r}: backend {forced!r} (forced by {source}) cannot run this call: {reason}")
+            try:
+                result = chosen.fn(*args, **kwargs)
+            except BackendUnavailable as error:
+                raise ValueError(f"kernel {self.op!r}: backend {forced!r} (forced by {source}) failed: {error}") from error
+            self._local.last = forced
+            return result
+        for candidate in self._backends:
+            if candidate.decline_reason(*args, **kwargs) is not None:
+                continue
+            if candidate.worthwhile is not None and candidate.worthwhile(*args, **kwargs) is not None:
+                continue
+            try:
+                result = candidate.fn(*args, **kwargs)
+            except BackendUnavailable as error:
+                logger.warning("kernel %s: backend %s gave up (%s); trying the next", self.op, candidate.name, error)
+                continue
+            self._local.last = candidate.name
+            return result
+        raise ValueError(f"kernel {self.op!r}: no backend can run this call (tried {self.names()})")
+
+
+def registry(op: str) -> KernelRegistry:
+    """The registry of `op` ('linear', 'conv3d', 'attention')."""
+    try:
+        return _registries[op]
+    except KeyError:
+        raise ValueError(f"no kernel op {op!r}; known ops: {sorted(_registries)}") from None

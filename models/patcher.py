@@ -1,0 +1,226 @@
+"""Adapter patches applied at take time, so a patched model never mutates the cached base model.
+
+Contract used by models/memory.py: `apply_patches(module, param_name, tensor)` returns the tensor
+with the patches of the currently active patch set applied (or the tensor itself when none is).
+
+A `ModelHandle` is what travels on a MODEL (or CLIP) wire: a base module plus the adapters stacked
+on it. `handle.with_adapter(adapter, strength)` returns a new handle sharing the base weights; the
+base is never written. A handle runs its patches either on the fly (`with handle.active():` around
+the forward; every weight taken through the memory manager gets `base + deltas`) or merged
+(`handle.merged()`: the patched modules become private copies holding `base + deltas`, everything
+else is shared). Both add the same deltas in the same order in float32, so they agree.
+
+A patch map is `{id(module): {param_name: [(patch, strength), ...]}}`, where `patch` is a
+`WeightPatch` (see models/adapters/base.py) or any callable `(shape, dtype, device) -> delta`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Union
+
+import torch
+from torch import nn
+
+from models.adapters.adapter import Adapter
+from models.adapters.base import WeightPatch
+from models.adapters.keys import MODEL
+
+Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
+PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
+
+# The patch set of the model handle whose forward is running.
+_active: contextvars.ContextVar[PatchMap | None] = contextvars.ContextVar("weft_active_patches", default=None)
+
+
+@contextlib.contextmanager
+def patches_active(patch_map: PatchMap) -> Iterator[None]:
+    """Make `patch_map` the patches applied to weights taken during the block."""
+    token = _active.set(patch_map)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def active_patch_map() -> PatchMap | None:
+    """The active patch map (None outside any handle's `active()`); pass it as `patch_map=` from another thread."""
+    return _active.get()
+
+
+def _entries(module: nn.Module, param_name: str, patch_map: PatchMap | None) -> list[tuple[Patch, float]]:
+    patch_map = _active.get() if patch_map is None else patch_map
+    if not patch_map:
+        return []
+    return patch_map.get(id(module), {}).get(param_name, [])
+
+
+def _patched(tensor: torch.Tensor, entries: list[tuple[Patch, float]], inplace: bool = False) -> torch.Tensor:
+    """`tensor` plus every entry's strength * delta, summed in float32 and rounded once to its dtype."""
+    with torch.no_grad():
+        work = tensor.detach().to(torch.float32, copy=not (inplace and tensor.dtype == torch.float32))
+        for patch, strength in entries:
+            if isinstance(patch, WeightPatch):
+                patch.add_into(work, strength)
+            else:
+                work += strength * patch(work.shape, torch.float32, work.device).to(torch.float32)
+        return work.to(tensor.dtype)
+
+
+def apply_patches(module: nn.Module, param_name: str, tensor: torch.Tensor, *,
+                  patch_map: PatchMap | None = None, inplace: bool = False) -> torch.Tensor:
+    """`tensor` plus strength * delta for every active patch of `module.param_name` (identity when none).
+
+    `inplace=True` says the caller owns `tensor` (a fresh copy): a float32 one is then patched in
+    place instead of copied once more. The base parameters are never passed that way.
+    """
+    entries = _entries(module, param_name, patch_map)
+    return _patched(tensor, entries, inplace) if entries else tensor
+
+
+def patch_signature(module: nn.Module, param_name: str, *, patch_map: PatchMap | None = None) -> tuple:
+    """A hashable identity of the patches active for `module.param_name` (empty tuple when none).
+
+    A cache of patched device copies can key on it: equal signatures give equal patched weights.
+    """
+    return tuple((id(patch), strength) for patch, strength in _entries(module, param_name, patch_map))
+
+
+@dataclass(frozen=True)
+class AppliedAdapter:
+    """One adapter stacked on a handle, with its strength and its patches resolved on the base."""
+
+    adapter: Adapter
+    strength: float
+    patches: tuple[WeightPatch, ...]
+
+
+class ModelHandle:
+    """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`)."""
+
+    def __init__(self, model: nn.Module, *, name: str = "", component: str = MODEL,
+                 applied: tuple[AppliedAdapter, ...] = (), base: nn.Module | None = None) -> None:
+        self.model = model  # the module to run: the base, or a merged tree sharing the base
+        self.base = model if base is None else base  # the shared, never-modified base module
+        self.name = name
+        self.component = component  # which adapter entries apply: "model" or "text_encoder"
+        self.applied = applied
+        self._patch_map = self._build_patch_map() if self.model is self.base else {}
+        self._merged: ModelHandle | None = None
+
+    def _build_patch_map(self) -> PatchMap:
+        modules = dict(self.base.named_modules())
+        patch_map: PatchMap = {}
+        for applied in self.applied:
+            for patch in applied.patches:
+                module = modules[patch.module_name]
+                patch_map.setdefault(id(module), {}).setdefault(patch.param_name, []).append(
+                    (patch, applied.strength))
+        return patch_map
+
+    @property
+    def patch_map(self) -> PatchMap:
+        """The patches this handle activates around a forward (empty for a merged handle)."""
+        return self._patch_map
+
+    @property
+    def adapters(self) -> list[tuple[str, float]]:
+        """`(adapter file, strength)` per stacked adapter, in application order."""
+        return [(applied.adapter.source, applied.strength) for applied in self.applied]
+
+    def with_adapter(self, adapter: Adapter, strength: float) -> "ModelHandle":
+        """A new handle with `adapter` stacked at `strength`, sharing this handle's base weights.
+
+        Returns this handle itself when the strength is 0 or the adapter has no entries for this
+        handle's component (a text-encoder-only file on the model). Raises ValueError when the
+        adapter cannot be applied to the base (see Adapter.patches_for).
+        """
+        if strength == 0:
+            return self
+        patches = adapter.patches_for(self.base, self.component)
+        if not patches:
+            return self
+        applied = AppliedAdapter(adapter, float(strength), tuple(patches))
+        return ModelHandle(self.base, name=self.name, component=self.component,
+                           applied=(*self.applied, applied))
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        """Activate this handle's patches for weights taken inside the block; yields the module to run."""
+        with patches_active(self._patch_map):
+            yield self.model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model's forward with this handle's patches active."""
+        with self.active():
+            return self.model(*args, **kwargs)
+
+    def _patched_params(self) -> dict[str, dict[str, list[tuple[Patch, float]]]]:
+        """`{module name: {param name: entries}}` for every patched parameter, in application order."""
+        found: dict[str, dict[str, list[tuple[Patch, float]]]] = {}
+        for applied in self.applied:
+            for patch in applied.patches:
+                found.setdefault(patch.module_name, {}).setdefault(patch.param_name, []).append(
+                    (patch, applied.strength))
+        return found
+
+    def merge_bytes(self) -> int:
+        """Extra bytes a merged copy needs: one copy of each patched parameter in its stored dtype."""
+        total = 0
+        for module_name, params in self._patched_params().items():
+            module = self.base.get_submodule(module_name)
+            for param_name in params:
+                param = getattr(module, param_name)
+                total += param.numel() * param.element_size()
+        return total
+
+    def merged(self) -> "ModelHandle":
+        """A handle whose patched modules are private copies holding base + deltas (computed once)."""
+        if self.model is not self.base or not self.applied:
+            return self
+        if self._merged is None:
+            tree = _copy_with_merged(self.base, self._patched_params())
+            self._merged = ModelHandle(tree, name=self.name, component=self.component, applied=self.applied,
+                                       base=self.base)
+        return self._merged
+
+    def prepared(self, max_merge_bytes: int | None = None) -> "ModelHandle":
+        """The merged handle when its extra bytes fit `max_merge_bytes` (None: always), else this one."""
+        if max_merge_bytes is not None and self.merge_bytes() > max_merge_bytes:
+            return self
+        return self.merged()
+
+    def __repr__(self) -> str:
+        mode = "merged" if self.model is not self.base else "on the fly"
+        return f"ModelHandle({self.name or type(self.base).__name__!r}, adapters={self.adapters}, {mode})"
+
+
+def _copy_with_merged(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, float]]]]) -> nn.Module:
+    """A new module tree sharing `base`'s untouched modules; patched modules and their ancestors are copies."""
+    copies: dict[str, nn.Module] = {}
+
+    def private(name: str) -> nn.Module:
+        # Shallow copies whose child/parameter/buffer tables are new dicts, so replacing an entry in
+        # the copy never touches the base; unpatched children stay the base's own objects.
+        if name in copies:
+            return copies[name]
+        original = base.get_submodule(name) if name else base
+        clone = copy.copy(original)
+        clone._modules = original._modules.copy()
+        clone._parameters = original._parameters.copy()
+        clone._buffers = original._buffers.copy()
+        copies[name] = clone
+        if name:
+            parent_name, _, child = name.rpartition(".")
+            private(parent_name)._modules[child] = clone
+        return clone
+
+    root = private("")
+    for module_name, params in patched.items():
+        clone = private(module_name)
+        for param_name, entries in params.items():
+            original = getattr(base.get_submodule(module_name), param_name)
+            clone._parameters[param_name] = nn.Parameter(_patched(original, entries), requires_grad=False)
+    return root

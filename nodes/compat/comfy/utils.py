@@ -1,0 +1,106 @@
+"""ComfyUI's `comfy.utils` helpers that simple node packs use, implemented on Weft's own parts.
+
+Provided: ProgressBar (progress and previews go to the running job's event stream, and an
+interrupted job stops at the next update), PROGRESS_BAR_ENABLED, load_torch_file and save_torch_file
+(safetensors only: a pickle checkpoint is refused), common_upscale, repeat_to_batch_size.
+Not provided: tiled_scale, state-dict key conversion helpers, set_progress_bar_global_hook and the rest.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from execution.context import current
+
+PROGRESS_BAR_ENABLED = True
+_SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
+
+
+class ProgressBar:
+    """Progress of the node that created it: `update(step)` adds, `update_absolute(value)` sets.
+
+    The running node is captured at construction, so updates from a worker thread still name it.
+    `preview` is passed through to the event stream as given (ComfyUI passes ("JPEG", PIL image, max size))."""
+
+    def __init__(self, total: int, node_id: Any = None) -> None:
+        self.total = total
+        self.current = 0
+        self._context = current()
+
+    def update_absolute(self, value: float, total: float | None = None, preview: Any = None) -> None:
+        """Set the progress to `value` (of `total`, when given), optionally with a preview."""
+        if total is not None:
+            self.total = total
+        self.current = min(value, self.total) if self.total else value
+        self._context.progress(self.current, self.total, preview=preview)
+
+    def update(self, value: float) -> None:
+        """Advance the progress by `value` steps."""
+        self.update_absolute(self.current + value)
+
+
+def load_torch_file(ckpt: str | Path, safe_load: bool = True, device: Any = None,
+                    return_metadata: bool = False) -> Any:
+    """A safetensors file's tensors ({name: tensor}), optionally with its metadata; refuses pickles."""
+    from models.loading import load_state_dict, read_header
+
+    path = str(ckpt)
+    if not path.lower().endswith(_SAFETENSORS_SUFFIXES):
+        raise ValueError(f"load_torch_file: {Path(path).name} is not a .safetensors file; Weft loads only "
+                         "safetensors (pickle checkpoints can run code). Convert it to safetensors first.")
+    tensors = load_state_dict(path)
+    if device is not None and torch.device(device).type != "cpu":
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+    if return_metadata:
+        return tensors, read_header(path).metadata
+    return tensors
+
+
+def save_torch_file(sd: dict[str, torch.Tensor], ckpt: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors to a safetensors file."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(ckpt), metadata=metadata)
+
+
+def common_upscale(samples: torch.Tensor, width: int, height: int, upscale_method: str, crop: str) -> torch.Tensor:
+    """Resize (B, C, H, W) samples (images or latents) to height x width, center-cropping to the aspect first
+    when `crop` is 'center'. Methods: nearest-exact, bilinear, area, bicubic; lanczos for images in 0..1."""
+    if samples.dim() != 4:
+        raise ValueError(f"common_upscale: expected samples (B, C, H, W), got shape {tuple(samples.shape)}")
+    if width < 1 or height < 1:
+        raise ValueError(f"common_upscale: target size {width}x{height} must be at least 1x1")
+    if crop == "center":
+        old_h, old_w = samples.shape[2], samples.shape[3]
+        old_aspect, new_aspect = old_w / old_h, width / height
+        x = y = 0
+        if old_aspect > new_aspect:
+            x = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
+        elif old_aspect < new_aspect:
+            y = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
+        samples = samples.narrow(-2, y, old_h - 2 * y).narrow(-1, x, old_w - 2 * x)
+    if upscale_method == "lanczos":
+        from nodes.image import scale_images  # PIL's lanczos works on 8-bit images, as in ComfyUI
+
+        return scale_images(samples.movedim(1, -1), width, height, "lanczos").movedim(-1, 1)
+    if upscale_method not in ("nearest-exact", "bilinear", "area", "bicubic"):
+        raise ValueError(f"common_upscale: unknown upscale method {upscale_method!r}; expected nearest-exact, "
+                         "bilinear, area, bicubic or lanczos")
+    kwargs = {"align_corners": False} if upscale_method in ("bilinear", "bicubic") else {}
+    out = F.interpolate(samples.float(), size=(height, width), mode=upscale_method, **kwargs)
+    return out.to(samples.dtype)
+
+
+def repeat_to_batch_size(tensor: torch.Tensor, batch_size: int, dim: int = 0) -> torch.Tensor:
+    """Trim or tile `tensor` along `dim` to exactly `batch_size` entries."""
+    size = tensor.shape[dim]
+    if size > batch_size:
+        return tensor.narrow(dim, 0, batch_size)
+    if size < batch_size:
+        repeats = [1] * tensor.dim()
+        repeats[dim] = -(-batch_size // size)  # ceil
+        return tensor.repeat(repeats).narrow(dim, 0, batch_size)
+    return tensor

@@ -1,0 +1,175 @@
+"""ComfyUI's `folder_paths` helper for plugins, answered from Weft's configured folders.
+
+Compatibility layer (on sys.path while plugins load and run; see nodes/plugins.py). Every name is
+looked up in the folders of the running job, or of the configured runtime outside a job
+(`execution.context.current().paths`). File names from outside go through `confine`. Model lists hold
+safetensors files only: Weft never loads pickle checkpoints.
+
+Provided: get_filename_list, get_full_path, get_full_path_or_raise, get_folder_paths,
+add_model_folder_path, get_input_directory, get_output_directory, get_temp_directory,
+get_user_directory, get_directory_by_type, get_annotated_filepath, exists_annotated_filepath,
+get_save_image_path, filter_files_extensions, filter_files_content_types, supported_pt_extensions,
+and the attributes base_path, models_dir, input_directory, output_directory, temp_directory,
+user_directory (read-only views). Not provided: folder_names_and_paths (and anything that writes it
+directly), the set_*_directory functions, cache helpers.
+"""
+from __future__ import annotations
+
+import mimetypes
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable
+
+from execution.context import current
+from execution.paths import MODEL_EXTENSIONS, MODEL_FOLDERS, UnsafePathError, confine
+
+supported_pt_extensions = frozenset(MODEL_EXTENSIONS)  # safetensors only, by design
+# ComfyUI's older folder names, read as the current ones.
+_ALIASES = {"clip": "text_encoders", "unet": "diffusion_models"}
+_ANNOTATIONS = {" [input]": "input", " [output]": "output", " [temp]": "temp"}
+
+
+def _paths():
+    return current().paths
+
+
+def _folder_name(folder_name: str) -> str:
+    name = _ALIASES.get(folder_name, folder_name)
+    if name not in MODEL_FOLDERS and name not in _paths().extra_model_dirs:
+        known = sorted({*MODEL_FOLDERS, *_paths().extra_model_dirs, *_ALIASES})
+        raise KeyError(f"folder_paths: unknown model folder {folder_name!r}; known: {', '.join(known)}")
+    return name
+
+
+def __getattr__(name: str) -> Any:
+    # Module attributes that ComfyUI keeps as globals, read live from the configured folders.
+    views = {
+        "base_path": lambda p: p.base, "models_dir": lambda p: p.models, "input_directory": lambda p: p.input,
+        "output_directory": lambda p: p.output, "temp_directory": lambda p: p.temp,
+        "user_directory": lambda p: p.user,
+    }
+    if name in views:
+        return str(views[name](_paths()))
+    raise AttributeError(f"module 'folder_paths' (Weft compatibility layer) has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------- folders
+def get_input_directory() -> str:
+    """The input folder."""
+    return str(_paths().input)
+
+
+def get_output_directory() -> str:
+    """The output folder."""
+    return str(_paths().output)
+
+
+def get_temp_directory() -> str:
+    """The temp folder (previews)."""
+    return str(_paths().temp)
+
+
+def get_user_directory() -> str:
+    """The user folder."""
+    return str(_paths().user)
+
+
+def get_directory_by_type(type_name: str) -> str | None:
+    """The folder for 'input', 'output' or 'temp'; None for anything else."""
+    try:
+        return str(_paths().folder(type_name))
+    except UnsafePathError:
+        return None
+
+
+# ---------------------------------------------------------------------- model files
+def get_folder_paths(folder_name: str) -> list[str]:
+    """Every folder searched for a model kind (models/<kind> first, then added ones)."""
+    return [str(p) for p in _paths().model_dirs(_folder_name(folder_name))]
+
+
+def add_model_folder_path(folder_name: str, full_folder_path: str, is_default: bool = False) -> None:
+    """Search another folder for a model kind (first when `is_default`)."""
+    folders = _paths().extra_model_dirs.setdefault(_ALIASES.get(folder_name, folder_name), [])
+    path = Path(full_folder_path).resolve()
+    if path in folders:
+        folders.remove(path)
+    folders.insert(0, path) if is_default else folders.append(path)
+
+
+def get_filename_list(folder_name: str) -> list[str]:
+    """Model files of a kind, relative names with '/', sorted (safetensors only)."""
+    return _paths().list_models(_folder_name(folder_name))
+
+
+def get_full_path(folder_name: str, filename: str) -> str | None:
+    """The full path of a model file, or None when it is not found (or would leave its folder)."""
+    try:
+        return str(_paths().model_path(_folder_name(folder_name), filename))
+    except (FileNotFoundError, UnsafePathError):
+        return None
+
+
+def get_full_path_or_raise(folder_name: str, filename: str) -> str:
+    """The full path of a model file; FileNotFoundError names the folders searched."""
+    return str(_paths().model_path(_folder_name(folder_name), filename))
+
+
+# ---------------------------------------------------------------------- input/output files
+def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
+    """The path of 'name.png', 'name.png [output]' or 'name.png [temp]' (input folder by default)."""
+    if not isinstance(name, str) or not name:
+        raise UnsafePathError(f"file name must be a non-empty string, got {name!r}")
+    for suffix, kind in _ANNOTATIONS.items():
+        if name.endswith(suffix):
+            return str(confine(_paths().folder(kind), name[: -len(suffix)]))
+    return str(confine(default_dir if default_dir is not None else _paths().input, name))
+
+
+def exists_annotated_filepath(name: str) -> bool:
+    """Whether an annotated name is an existing file (False for names leaving their folder)."""
+    try:
+        return os.path.exists(get_annotated_filepath(name))
+    except UnsafePathError:
+        return False
+
+
+def get_save_image_path(filename_prefix: str, output_dir: str, image_width: int = 0,
+                        image_height: int = 0) -> tuple[str, str, int, str, str]:
+    """(folder, file stem, next counter, subfolder, expanded prefix), as ComfyUI's save nodes expect.
+
+    The caller writes `f"{stem}_{counter:05}_.png"` into the folder. The prefix's subfolder is confined
+    to `output_dir`; %width%, %height% and the date tokens are expanded."""
+    from nodes.image import expand_prefix
+
+    filename_prefix = expand_prefix(filename_prefix, width=image_width, height=image_height)
+    prefix_path = PurePosixPath(filename_prefix)
+    subfolder = "" if str(prefix_path.parent) == "." else str(prefix_path.parent)
+    stem = prefix_path.name
+    folder = confine(output_dir, subfolder) if subfolder else Path(output_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    highest = 0
+    for existing in os.listdir(folder):
+        if not existing.startswith(stem + "_"):
+            continue
+        digits = existing[len(stem) + 1:].split("_", 1)
+        if len(digits) == 2 and digits[0].isdigit():
+            highest = max(highest, int(digits[0]))
+    return str(folder), stem, highest + 1, subfolder, filename_prefix
+
+
+def filter_files_extensions(files: Iterable[str], extensions: Iterable[str]) -> list[str]:
+    """The files whose extension is among `extensions` (all files when none are given), sorted."""
+    wanted = {e.lower() for e in extensions}
+    return sorted(f for f in files if not wanted or os.path.splitext(f)[1].lower() in wanted)
+
+
+def filter_files_content_types(files: Iterable[str], content_types: Iterable[str]) -> list[str]:
+    """The files whose MIME major type ('image', 'video', 'audio', 'text') is among `content_types`."""
+    wanted = set(content_types)
+    kept = []
+    for name in files:
+        mime, _ = mimetypes.guess_type(name, strict=False)
+        if mime and mime.split("/", 1)[0] in wanted:
+            kept.append(name)
+    return kept

@@ -1,0 +1,424 @@
+"""The custom-node plugin loader: import node packs from `custom_nodes/` folders, never letting one break the rest.
+
+A plugin is a package (a folder with `__init__.py`) or a single `.py` module in a custom-nodes folder.
+It is imported as `custom_nodes.<name>` and may expose:
+
+- `NODE_CLASS_MAPPINGS` (with optional `NODE_DISPLAY_NAME_MAPPINGS`): classic ComfyUI node classes,
+  adapted into NodeSpecs by `nodes.classic.specs_from_mappings`;
+- `weft_nodes()`: an entry function taking no arguments and returning a list of `NodeSpec`
+  (Weft's own declaration, the same data built-in packs use; import Weft inside the function so the
+  pack still imports in ComfyUI, which ignores it);
+- `WEB_DIRECTORY`: a folder (relative to the plugin's folder, and confined to it) whose `.js` files the
+  editor loads from `/extensions/<name>/...`.
+
+Every node a plugin declares carries `python_module = "custom_nodes.<name>"`. A plugin's nodes are
+registered together or not at all: a syntax error, a missing module, an exception while importing or
+while its nodes are declared, a node refused by the registry's checks, or a node id that is already
+taken (unless overriding is allowed) skips the whole plugin with one log line naming it and the
+reason, and start-up continues. Each plugin's import time is measured. While plugins import and run,
+`nodes/compat/` is on `sys.path`, providing the few ComfyUI helper modules simple packs use
+(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`); any other ComfyUI module
+is absent, so a pack importing it fails with that module named.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import logging
+import sys
+import time
+import traceback
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+from urllib.parse import quote
+
+from execution.paths import UnsafePathError, confine
+from nodes.classic import specs_from_mappings
+from nodes.registry import NodeRegistry
+from nodes.spec import NodeDefinitionError, NodeSpec
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "custom_nodes"  # the parent module name every plugin is imported under
+ENTRY_FUNCTION = "weft_nodes"
+COMPAT_DIR = Path(__file__).resolve().parent / "compat"
+COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers")
+SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
+DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
+
+
+@dataclass
+class PluginReport:
+    """What happened to one plugin at start-up (plain data: the server lists it, tests read it)."""
+
+    name: str
+    path: Path
+    status: str  # loaded | failed | disabled
+    reason: str = ""  # why it failed or is disabled; empty when loaded
+    import_seconds: float = 0.0  # time spent importing the module (0 when not imported)
+    node_ids: tuple[str, ...] = ()  # registered node ids, in declaration order
+    web_directory: Path | None = None  # served at /extensions/<name>/ when loaded
+    module: str = ""  # the Python module name, e.g. custom_nodes.my_pack
+    warnings: list[str] = field(default_factory=list)  # problems that did not stop the plugin
+    slow: bool = False  # import took longer than the slow-import threshold
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (paths as strings)."""
+        return {
+            "name": self.name, "path": str(self.path), "status": self.status, "reason": self.reason,
+            "import_seconds": round(self.import_seconds, 4), "node_ids": list(self.node_ids),
+            "web_directory": str(self.web_directory) if self.web_directory else None,
+            "module": self.module, "warnings": list(self.warnings), "slow": self.slow,
+        }
+
+
+class PluginError(Exception):
+    """Internal: one plugin could not be loaded; the message is the reason reported."""
+
+
+# ---------------------------------------------------------------------- discovery
+def discover(directory: str | Path) -> list[tuple[str, Path]]:
+    """(name, path) of every plugin candidate in `directory`, sorted by name.
+
+    Packages (folders) and `.py` files count; hidden entries and `__pycache__` do not. Folders named
+    `*.disabled` are returned too (the loader reports them as disabled)."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        if entry.name.startswith((".", "__")):
+            continue
+        if entry.is_dir():
+            found.append((entry.name.removesuffix(DISABLED_SUFFIX), entry))
+        elif entry.is_file() and entry.suffix == ".py":
+            found.append((entry.stem, entry))
+        elif entry.is_file() and entry.name.endswith(".py" + DISABLED_SUFFIX):
+            found.append((entry.name[: -len(DISABLED_SUFFIX)], entry))
+    return sorted(found, key=lambda item: item[0].lower())
+
+
+# ---------------------------------------------------------------------- the compatibility layer
+def enable_compat() -> None:
+    """Put `nodes/compat/` first on sys.path, once: plugins import ComfyUI helper modules at run time too."""
+    compat = str(COMPAT_DIR)
+    if compat not in sys.path:
+        sys.path.insert(0, compat)
+
+
+def _ensure_parent_package() -> None:
+    # Plugins are imported as custom_nodes.<name>; relative imports inside a package need the parent
+    # in sys.modules. It searches no folder itself: each plugin is loaded from its own path.
+    if PACKAGE not in sys.modules:
+        parent = types.ModuleType(PACKAGE)
+        parent.__path__ = []
+        parent.__doc__ = "Weft's parent module for custom-node plugins."
+        sys.modules[PACKAGE] = parent
+
+
+def module_name_for(name: str) -> str:
+    """The module name a plugin is imported as (dots would split it into a hierarchy, so they go)."""
+    return f"{PACKAGE}.{name.replace('.', '_')}"
+
+
+def _forget_module(module_name: str) -> None:
+    for key in [k for k in sys.modules if k == module_name or k.startswith(module_name + ".")]:
+        del sys.modules[key]
+
+
+# ---------------------------------------------------------------------- one plugin
+def _where(exc: BaseException, plugin_root: Path) -> str:
+    """' (file:line)' of the deepest traceback frame inside the plugin, or ''."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        try:
+            relative = Path(frame.filename).resolve().relative_to(plugin_root)
+        except (ValueError, OSError):
+            continue
+        return f" ({relative.as_posix()}:{frame.lineno})"
+    return ""
+
+
+def _import_reason(exc: BaseException, plugin_root: Path) -> str:
+    if isinstance(exc, SyntaxError):
+        try:
+            file = Path(exc.filename).resolve().relative_to(plugin_root).as_posix()
+        except (TypeError, ValueError, OSError):
+            file = exc.filename or "?"
+        return f"syntax error: {exc.msg} ({file}:{exc.lineno})"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        hint = ""
+        top = exc.name.split(".")[0]
+        if top in ("comfy", "comfy_extras", "comfy_api", "server", "nodes", "execution", "latent_preview"):
+            hint = f"; Weft's compatibility layer provides only {', '.join(COMPAT_MODULES)}"
+        return f"missing module '{exc.name}'{hint}{_where(exc, plugin_root)}"
+    if isinstance(exc, ImportError):
+        hint = ""
+        if exc.name == "nodes":
+            hint = "; Weft's `nodes` is its own package, not ComfyUI's nodes.py"
+        elif exc.name in COMPAT_MODULES:
+            hint = f"; Weft's {exc.name} provides only what the README lists"
+        return f"import error: {exc}{hint}{_where(exc, plugin_root)}"
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) while importing{_where(exc, plugin_root)}"
+    return f"{type(exc).__name__} while importing: {exc}{_where(exc, plugin_root)}"
+
+
+def _import(path: Path, module_name: str) -> types.ModuleType:
+    if path.is_dir():
+        init = path / "__init__.py"
+        if not init.is_file():
+            raise PluginError("folder has no __init__.py, so it is not a Python package")
+        spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"cannot create an import spec for {path}")
+    module = importlib.util.module_from_spec(spec)
+    _forget_module(module_name)  # a re-load starts clean, submodules included
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        _forget_module(module_name)
+        raise
+    return module
+
+
+def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path) -> list[NodeSpec]:
+    specs: list[NodeSpec] = []
+    mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
+    entry = getattr(module, ENTRY_FUNCTION, None)
+    if mappings is not None:
+        display = getattr(module, "NODE_DISPLAY_NAME_MAPPINGS", None)
+        if display is not None and not isinstance(display, dict):
+            raise PluginError(f"NODE_DISPLAY_NAME_MAPPINGS must be a dict, got {type(display).__name__}")
+        try:
+            specs.extend(specs_from_mappings(mappings, display, python_module=module_name))
+        except NodeDefinitionError as exc:
+            raise PluginError(f"node refused: {exc}") from exc
+        except Exception as exc:  # a class whose attributes break the adapter in some other way
+            raise PluginError(f"{type(exc).__name__} while declaring nodes: {exc}{_where(exc, plugin_root)}") from exc
+    if entry is not None:
+        if not callable(entry):
+            raise PluginError(f"{ENTRY_FUNCTION} must be a function returning a list of NodeSpec")
+        try:
+            declared = entry()
+        except NodeDefinitionError as exc:
+            raise PluginError(f"node refused: {exc}") from exc
+        except Exception as exc:
+            raise PluginError(f"{ENTRY_FUNCTION}() raised {type(exc).__name__}: {exc}{_where(exc, plugin_root)}") from exc
+        if not isinstance(declared, (list, tuple)):
+            raise PluginError(f"{ENTRY_FUNCTION}() must return a list of NodeSpec, got {type(declared).__name__}")
+        for index, spec in enumerate(declared):
+            if not isinstance(spec, NodeSpec):
+                raise PluginError(f"{ENTRY_FUNCTION}() item {index} is a {type(spec).__name__}, not a NodeSpec")
+            try:
+                # A copy: the plugin's own objects stay as declared; /object_info names the plugin.
+                specs.append(dataclasses.replace(spec, python_module=module_name))
+            except NodeDefinitionError as exc:
+                raise PluginError(f"node refused: {exc}") from exc
+    return specs
+
+
+def _web_directory(module: types.ModuleType, path: Path, report: PluginReport) -> Path | None:
+    declared = getattr(module, "WEB_DIRECTORY", None)
+    if declared is None:
+        return None
+    if not isinstance(declared, str) or not declared.strip():
+        raise PluginError(f"WEB_DIRECTORY must be a non-empty string, got {declared!r}")
+    plugin_dir = path if path.is_dir() else path.parent
+    try:
+        web = confine(plugin_dir, declared.replace("\\", "/").removeprefix("./"))
+    except UnsafePathError as exc:
+        raise PluginError(f"WEB_DIRECTORY {declared!r} is outside the plugin's folder: {exc}") from exc
+    if not web.is_dir():
+        report.warnings.append(f"WEB_DIRECTORY {declared!r} is not a folder; no editor extensions served")
+        return None
+    return web
+
+
+def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = None,
+                allow_override: bool = False, slow_import_seconds: float = SLOW_IMPORT_SECONDS) -> PluginReport:
+    """Import one plugin and register its nodes atomically; never raises for the plugin's own faults."""
+    path = Path(path).resolve()
+    name = name or (path.stem if path.is_file() else path.name)
+    module_name = module_name_for(name)
+    report = PluginReport(name=name, path=path, status="failed", module=module_name)
+    enable_compat()
+    _ensure_parent_package()
+    plugin_root = path if path.is_dir() else path.parent
+    started = time.perf_counter()
+    try:
+        try:
+            module = _import(path, module_name)
+        except PluginError:
+            raise
+        except (Exception, SystemExit) as exc:
+            logger.debug("plugin %s import traceback", name, exc_info=exc)
+            raise PluginError(_import_reason(exc, plugin_root)) from exc
+        finally:
+            report.import_seconds = time.perf_counter() - started
+        report.slow = report.import_seconds >= slow_import_seconds
+        web = _web_directory(module, path, report)
+        specs = _collect_specs(module, module_name, plugin_root)
+        if not specs and web is None:
+            hint = ""
+            if hasattr(module, "comfy_entrypoint"):
+                hint = "; it uses ComfyUI's newer comfy_entrypoint() interface, which Weft does not load"
+            elif hasattr(module, "NODES"):
+                hint = f"; a NODES list is how built-in packs declare nodes, plugins expose {ENTRY_FUNCTION}()"
+            raise PluginError(f"declares no nodes (no NODE_CLASS_MAPPINGS, no {ENTRY_FUNCTION}()) "
+                              f"and no WEB_DIRECTORY{hint}")
+        replaced = [f"node '{s.node_id}' replaces the one from {registry.origin(s.node_id)}"
+                    for s in specs if s.node_id in registry]
+        try:
+            registry.register_all(specs, origin=module_name, override=allow_override)
+        except NodeDefinitionError as exc:
+            taken = " (start with --allow-node-override to let plugins replace nodes)" if "already registered" in str(exc) else ""
+            raise PluginError(f"node refused: {exc}{taken}") from exc
+        report.warnings.extend(replaced)
+        report.node_ids = tuple(s.node_id for s in specs)
+        report.web_directory = web
+        report.status = "loaded"
+    except PluginError as exc:
+        report.reason = str(exc)
+        _forget_module(module_name)
+    except (Exception, SystemExit) as exc:  # anything else a plugin's code raised while being declared
+        logger.debug("plugin %s registration traceback", name, exc_info=exc)
+        report.reason = f"{type(exc).__name__} while declaring nodes: {exc}{_where(exc, plugin_root)}"
+        _forget_module(module_name)
+    return report
+
+
+# ---------------------------------------------------------------------- every plugin
+def load_plugins(registry: NodeRegistry, directories: Iterable[str | Path], *, disabled: Iterable[str] = (),
+                 disable_all: bool = False, allow_override: bool = False,
+                 slow_import_seconds: float = SLOW_IMPORT_SECONDS) -> list[PluginReport]:
+    """Load every plugin in `directories` (in order, each sorted by name) and log one line per problem.
+
+    `disabled` names plugins (folder name or module file name) to skip; `disable_all` skips all
+    of them (still reported, as disabled). A plugin name already loaded from an earlier folder is
+    refused, since its module name and extension URL would collide."""
+    disabled_names = {d.removesuffix(".py") for d in disabled}
+    reports: list[PluginReport] = []
+    seen_dirs: set[Path] = set()
+    seen_names: dict[str, Path] = {}
+    for directory in directories:
+        directory = Path(directory).resolve()
+        if directory in seen_dirs:
+            continue
+        seen_dirs.add(directory)
+        for name, path in discover(directory):
+            report = _load_one(registry, name, path, disabled_names, disable_all, allow_override,
+                               slow_import_seconds, seen_names)
+            reports.append(report)
+            _log(report)
+    _log_summary(reports)
+    return reports
+
+
+def _load_one(registry, name, path, disabled_names, disable_all, allow_override, slow_import_seconds,
+              seen_names) -> PluginReport:
+    module = module_name_for(name)
+    if path.name.endswith(DISABLED_SUFFIX):
+        return PluginReport(name, path.resolve(), "disabled", f"its name ends with {DISABLED_SUFFIX}", module=module)
+    if disable_all:
+        return PluginReport(name, path.resolve(), "disabled", "--disable-all-custom-nodes", module=module)
+    if name in disabled_names:
+        return PluginReport(name, path.resolve(), "disabled", "--disable-custom-node", module=module)
+    if module in seen_names:
+        return PluginReport(name, path.resolve(), "failed",
+                            f"a plugin with the same name was already loaded from {seen_names[module]}", module=module)
+    seen_names[module] = path.resolve()
+    return load_plugin(registry, path, name=name, allow_override=allow_override,
+                       slow_import_seconds=slow_import_seconds)
+
+
+def _log(report: PluginReport) -> None:
+    if report.status == "failed":
+        logger.warning("custom node plugin '%s' (%s) not loaded: %s", report.name, report.path, report.reason)
+    elif report.status == "disabled":
+        logger.info("custom node plugin '%s' disabled (%s)", report.name, report.reason)
+    else:
+        for warning in report.warnings:
+            logger.warning("custom node plugin '%s': %s", report.name, warning)
+    if report.slow:
+        logger.warning("custom node plugin '%s' took %.2f s to import (slow)", report.name, report.import_seconds)
+
+
+def _log_summary(reports: list[PluginReport]) -> None:
+    imported = [r for r in reports if r.status != "disabled"]
+    if not imported:
+        return
+    lines = ["import times for custom node plugins:"]
+    for report in sorted(imported, key=lambda r: -r.import_seconds):
+        marker = "" if report.status == "loaded" else " (FAILED)"
+        lines.append(f"  {report.import_seconds:8.3f} s  {report.name}{marker}")
+    logger.info("\n".join(lines))
+
+
+# ---------------------------------------------------------------------- command line and runtime
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plugin flags (added to the server's and the headless runner's arguments)."""
+    group = parser.add_argument_group("custom nodes")
+    group.add_argument("--custom-nodes-directory", action="append", default=[], type=Path, metavar="DIR",
+                       help="another folder of custom-node plugins (repeatable; after <base>/custom_nodes)")
+    group.add_argument("--disable-all-custom-nodes", action="store_true", help="load no custom-node plugins")
+    group.add_argument("--disable-custom-node", action="append", default=[], metavar="NAME",
+                       help="skip the plugin with this folder or module name (repeatable)")
+    group.add_argument("--allow-node-override", action="store_true",
+                       help="let a plugin replace a node id already registered (refused by default)")
+
+
+def load_from_args(registry: NodeRegistry, base: str | Path, args: argparse.Namespace) -> list[PluginReport]:
+    """Load `<base>/custom_nodes` and every `--custom-nodes-directory`, honouring the disable flags."""
+    directories = [Path(base) / "custom_nodes", *getattr(args, "custom_nodes_directory", [])]
+    return load_plugins(
+        registry, directories, disabled=getattr(args, "disable_custom_node", []),
+        disable_all=getattr(args, "disable_all_custom_nodes", False),
+        allow_override=getattr(args, "allow_node_override", False),
+    )
+
+
+def failures(reports: Iterable[PluginReport]) -> list[dict[str, Any]]:
+    """`[{name, path, reason, import_seconds}]` of the plugins that failed (for `/system_stats`)."""
+    return [{"name": r.name, "path": str(r.path), "reason": r.reason, "import_seconds": round(r.import_seconds, 4)}
+            for r in reports if r.status == "failed"]
+
+
+# ---------------------------------------------------------------------- editor extensions
+def web_directories(reports: Iterable[PluginReport]) -> dict[str, Path]:
+    """{plugin name: WEB_DIRECTORY} of the loaded plugins that have one."""
+    return {r.name: r.web_directory for r in reports if r.status == "loaded" and r.web_directory is not None}
+
+
+def extension_urls(web_dirs: Mapping[str, Path]) -> list[str]:
+    """URLs of every `.js` file under each plugin's web folder: `/extensions/<plugin>/<path>` (for `/extensions`)."""
+    urls = []
+    for plugin, root in sorted(web_dirs.items()):
+        root = Path(root).resolve()
+        for path in sorted(root.rglob("*.js")):
+            relative = path.relative_to(root).as_posix()
+            try:
+                confined = confine(root, relative)  # a symlink pointing outside is not listed
+            except UnsafePathError:
+                continue
+            if confined.is_file():
+                urls.append(f"/extensions/{quote(plugin)}/{quote(relative)}")
+    return urls
+
+
+def extension_file(web_dirs: Mapping[str, Path], plugin: str, relative_path: str) -> Path:
+    """The file for `/extensions/<plugin>/<relative_path>`, confined to that plugin's web folder.
+
+    Raises KeyError for an unknown plugin, `UnsafePathError` (a ValueError) for a path leaving the
+    folder, and FileNotFoundError when no such file exists."""
+    if plugin not in web_dirs:
+        raise KeyError(f"no plugin named {plugin!r} serves editor extensions")
+    path = confine(web_dirs[plugin], relative_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"plugin {plugin!r} has no extension file {relative_path!r}")
+    return path

@@ -1,0 +1,2 @@
+"""Broken: declares no nodes and no web folder."""
+VALUE = 1

@@ -1,0 +1,16 @@
+"""Broken: fails the registry's checks (a default above its max)."""
+
+
+class FixtureBadDefault:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"steps": ("INT", {"default": 500, "min": 1, "max": 100})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+
+    def run(self, steps):
+        return (steps,)
+
+
+NODE_CLASS_MAPPINGS = {"FixtureBadDefault": FixtureBadDefault}

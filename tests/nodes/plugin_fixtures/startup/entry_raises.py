@@ -1,0 +1,5 @@
+"""Broken: the entry function raises."""
+
+
+def weft_nodes():
+    raise OSError("model folder unreadable")

@@ -1,0 +1,4 @@
+"""Broken: calls sys.exit while importing."""
+import sys
+
+sys.exit(3)

@@ -1,0 +1,15 @@
+"""Loads: one classic node."""
+
+class FixtureGood:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 1, "min": 0, "max": 10})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "fixtures"
+
+    def run(self, value):
+        return (value * 2,)
+
+NODE_CLASS_MAPPINGS = {"FixtureGood": FixtureGood}

@@ -1,0 +1,2 @@
+"""Broken: the folder has no __init__.py."""
+NODE_CLASS_MAPPINGS = {}

@@ -1,0 +1,2 @@
+"""Disabled by its name; never imported."""
+raise RuntimeError("a disabled plugin was imported")

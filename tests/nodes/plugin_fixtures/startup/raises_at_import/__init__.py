@@ -1,0 +1,2 @@
+"""Broken: a submodule raises while importing."""
+from .nodes import NODE_CLASS_MAPPINGS  # noqa: F401

@@ -1,0 +1,3 @@
+CONFIG = {}
+NODE_CLASS_MAPPINGS = {}
+THRESHOLD = CONFIG["threshold"]

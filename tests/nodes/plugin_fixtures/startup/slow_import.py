@@ -1,0 +1,18 @@
+"""Loads, slowly: import takes at least 0.3 s."""
+import time
+
+time.sleep(0.3)
+
+class FixtureSlow:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 1, "min": 0, "max": 10})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "fixtures"
+
+    def run(self, value):
+        return (value * 2,)
+
+NODE_CLASS_MAPPINGS = {"FixtureSlow": FixtureSlow}

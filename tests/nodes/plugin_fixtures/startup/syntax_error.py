@@ -1,0 +1,4 @@
+"""Broken: a syntax error."""
+
+def broken(:
+    pass

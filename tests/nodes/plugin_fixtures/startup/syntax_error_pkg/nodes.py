@@ -1,0 +1,4 @@
+NODE_CLASS_MAPPINGS = {
+    "a": 1
+    "b": 2
+}

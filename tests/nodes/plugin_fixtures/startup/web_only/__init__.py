@@ -1,0 +1,2 @@
+"""Loads: no nodes, only editor extensions."""
+WEB_DIRECTORY = "js"

@@ -1,0 +1,2 @@
+// fixture extension
+export const fixture = "main";

@@ -1,0 +1,2 @@
+// nested fixture extension
+export const fixture = "more";
