@@ -1,0 +1,178 @@
+"""What every adapter kind shares: the delta interface, shape fitting, DoRA and full-delta patches.
+
+A `DeltaSource` turns the factors stored in an adapter file into a full weight delta (already
+multiplied by its own alpha / rank scale, never by the user's strength). A `WeightPatch` aims one
+delta at one parameter of one module, possibly at a row block of it (fused QKV) or with its two
+row halves exchanged (diffusers' SwiGLU order), and adds it into a float32 working copy of the
+weight. The patcher applies patches on the fly at take time or merges them once; both go through
+`WeightPatch.add_into`, so the two give identical weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class DeltaSource:
+    """Factors of one adapter entry; `delta()` rebuilds its full weight delta (scale included)."""
+
+    kind: str = "?"
+    scale: float = 1.0
+
+    def delta_shape(self) -> tuple[int, ...]:
+        """Shape of the rebuilt delta, known from the factor shapes without computing it."""
+        raise NotImplementedError
+
+    def check(self) -> str | None:
+        """Why the stored factors cannot form a delta, or None when they join."""
+        return None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The stored factors by role."""
+        raise NotImplementedError
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The delta from float32 `factors` (same roles as `tensors()`), times `scale`."""
+        raise NotImplementedError
+
+    def add_scaled(self, region: torch.Tensor, alpha: float, swap_halves: bool) -> bool:
+        """Add `alpha` times the delta into float32 `region` without building the delta, if this kind can.
+
+        Returns False when it cannot (the caller then builds the delta with `delta()`). LoRA can:
+        one fused multiply-add of its factors, which is what makes on-the-fly application cheap.
+        """
+        return False
+
+    def delta(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The full float32 delta on `device`, scaled by the adapter's own alpha / rank."""
+        # Factors are moved per call rather than cached per device: they are small next to the
+        # weight that is moving anyway, and a cache would pin a copy of a `diff` on the device.
+        factors = {role: t.to(device=device, dtype=torch.float32) for role, t in self.tensors().items()}
+        return self.compute(factors)
+
+
+@dataclass
+class FullDelta(DeltaSource):
+    """A stored full delta (`diff` for a weight, `diff_b` for a bias): no factors, scale 1."""
+
+    diff: torch.Tensor
+    kind: str = "diff"
+    scale: float = 1.0
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return tuple(self.diff.shape)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"diff": self.diff}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return factors["diff"]
+
+
+def alpha_value(alpha: torch.Tensor | None) -> float | None:
+    """A stored alpha tensor (shape () or (1,)) as a float, or None when the file has none."""
+    if alpha is None:
+        return None
+    return float(alpha.reshape(-1)[0].item())
+
+
+def fits(delta_shape: tuple[int, ...], target_shape: tuple[int, ...]) -> bool:
+    """True when a delta of `delta_shape` can be added to a tensor of `target_shape`.
+
+    Equal shapes fit; so does a linear delta (out, in) on a 1x1 convolution (out, in, 1, 1) and
+    the reverse, since they hold the same numbers in the same order. Nothing else is reshaped:
+    a delta whose shape merely has the right element count is refused, not guessed at.
+    """
+    if tuple(delta_shape) == tuple(target_shape):
+        return True
+    if len(delta_shape) < 2 or len(target_shape) < 2:
+        return False
+    if tuple(delta_shape[:2]) != tuple(target_shape[:2]):
+        return False
+    return all(d == 1 for d in delta_shape[2:]) and all(d == 1 for d in target_shape[2:])
+
+
+def dora_axis(dora_scale: torch.Tensor, target_shape: tuple[int, ...]) -> str | None:
+    """Which axis a DoRA magnitude normalises over: "out" (one per output row) or "in" (one per input column).
+
+    PEFT stores the magnitude as (out,), kohya/LyCORIS as (1, in, 1...) by default or (out, 1, ...)
+    with `wd_on_out`. Returns None when the shape fits neither, so the caller can refuse.
+    """
+    shape = tuple(dora_scale.shape)
+    if len(shape) == 1:
+        return "out" if shape[0] == target_shape[0] else None
+    if len(target_shape) < 2 or len(shape) > len(target_shape) or not all(d == 1 for d in shape[2:]):
+        return None
+    if shape[0] == 1 and shape[1] == target_shape[1]:
+        return "in"
+    if shape[0] == target_shape[0] and shape[1] == 1:
+        return "out"
+    return None
+
+
+def dora_apply(weight: torch.Tensor, delta: torch.Tensor, dora_scale: torch.Tensor, axis: str,
+               strength: float) -> torch.Tensor:
+    """DoRA: `weight + strength * (m * (W + dW) / ||W + dW|| - W)` with the norm along `axis`.
+
+    The norm is taken of the patched weight W + dW (the DoRA definition, as PEFT and LyCORIS do),
+    per output row for axis "out" and per input column for axis "in"; `delta` is the full-scale
+    delta (alpha / rank applied, strength not), and strength interpolates between W and the
+    DoRA weight, so strength 0 is the base and 1 the trained weight.
+    """
+    patched = weight + delta
+    if axis == "out":
+        norm = patched.reshape(patched.shape[0], -1).norm(dim=1)
+        norm = norm.reshape(patched.shape[0], *[1] * (patched.dim() - 1))
+    else:
+        norm = patched.transpose(0, 1).reshape(patched.shape[1], -1).norm(dim=1)
+        norm = norm.reshape(1, patched.shape[1], *[1] * (patched.dim() - 2))
+    magnitude = dora_scale.reshape(norm.shape)
+    # eps keeps an all-zero row (a pruned unit) from turning into NaN; float32 eps as DoRA tools use.
+    decomposed = patched * (magnitude / (norm + torch.finfo(torch.float32).eps))
+    return weight + strength * (decomposed - weight)
+
+
+@dataclass
+class WeightPatch:
+    """One delta aimed at `module_name.param_name`, optionally at rows [start, stop) with halves swapped."""
+
+    source: DeltaSource
+    module_name: str
+    param_name: str  # "weight" or "bias"
+    key: str  # the adapter file's key base this came from (for messages)
+    rows: tuple[int, int] | None = None  # row block of a fused parameter (q, k or v of qkv_proj)
+    swap_halves: bool = False  # the adapter's rows are [value; gate], ours [gate; value]
+    dora_scale: torch.Tensor | None = None
+    dora_axis: str | None = None
+
+    def add_into(self, weight: torch.Tensor, strength: float) -> None:
+        """Add `strength` times this patch into the float32 tensor `weight`, in place."""
+        region = weight if self.rows is None else weight[self.rows[0]:self.rows[1]]
+        if self.dora_scale is None and self.source.add_scaled(region, strength, self.swap_halves):
+            return
+        delta = self.source.delta(weight.device)
+        if delta.shape != region.shape:
+            delta = delta.reshape(region.shape)  # only shapes `fits` accepted reach here
+        if self.swap_halves:
+            # The swap is its own inverse: bring the delta into our row order.
+            half = delta.shape[0] // 2
+            delta = torch.cat((delta[half:], delta[:half]), dim=0)
+        if self.dora_scale is None:
+            region.add_(delta, alpha=strength)
+            return
+        scale = self.dora_scale.to(device=weight.device, dtype=torch.float32)
+        if self.swap_halves and self.dora_axis == "out":
+            half = scale.shape[0] // 2
+            scale = torch.cat((scale[half:], scale[:half]), dim=0)
+        region.copy_(dora_apply(region, delta, scale, self.dora_axis, strength))
+
+    def nbytes_factors(self) -> int:
+        """Bytes of the stored factors (what on-the-fly application keeps besides the base)."""
+        return sum(t.numel() * t.element_size() for t in self.source.tensors().values())
+
+
+def describe_target(patch: WeightPatch) -> str:
+    """`module.weight` or `module.weight rows a:b`, for messages."""
+    where = f"{patch.module_name}.{patch.param_name}"
+    return where if patch.rows is None else f"{where} rows {patch.rows[0]}:{patch.rows[1]}"
