@@ -1,0 +1,410 @@
+"""The H3 packed sequence: row layout, 3-axis RoPE positions, patching, condition items and noise-mask reduction.
+
+One forward of the transformer sees one sequence per batch element:
+
+    [text | condition rows (keyframes, then references) | target audio | target video]
+
+- text: one row per text token; positions (t = index, h = w = 0).
+- keyframe rows (first/last frame, AddGuide): a guide's video latent as 1x2x2 patches on the target's
+  spatial grid, then its audio latent; both at rotary time `origin + 5/3 * frame_index`.
+- reference blocks (ref2va): images (one time unit each), audios (one unit per latent frame) and videos
+  (audio rows first, then video rows); each block advances the clock by its span, and the targets start
+  where the references end (`origin`).
+- target audio: channel-major (all left-lane rows, then all right-lane rows), one row per latent frame,
+  t advancing 1 per latent frame; w pinned to the grid's extremes (left lane / right lane), h = 0.
+- target video: 1x2x2 patches (96 values), t advancing 5/3 per pixel frame (a clip's first latent spans
+  1 pixel frame, the other four 4 frames each), h and w area-normalised.
+
+All media share one clock of 40 units per second (5/3 per pixel frame at 24 fps, 1 per audio latent).
+Modality tags: video 0, text 1, audio 2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from models.h3.latents import AUDIO_CHANNELS, CLIP_LATENTS, VIDEO_CHANNELS, latent_frames, pixel_frames
+
+TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2
+FRAME_UNITS = 5.0 / 3.0                 # clock units per pixel frame (40 units/s at 24 fps)
+LATENT_FRAME_SPANS = (1, 4, 4, 4, 4)    # pixel frames covered by latent k % 5 of a clip
+VIDEO_CONDITION_T = 0.999               # timestep label (and noise level 1 - t) of visual condition rows
+AUDIO_CONDITION_T = 1.0                 # audio condition rows are clean
+MASK_LEVELS = 256                       # noise masks are quantised to steps of 1/256
+PATCH = (1, 2, 2)                       # (t, h, w) patch of the video rows
+SPATIAL_EXTENT = 32.0                   # area-normalised coordinates span about 32 units
+
+
+# Patching --------------------------------------------------------------------------------------
+
+def patchify_video(latent: torch.Tensor) -> torch.Tensor:
+    """(C, T, H, W) latent -> (T * H/2 * W/2, C * 4) rows in (t, h, w) order; features ordered (c, ph, pw)."""
+    c, t, h, w = latent.shape
+    x = latent.reshape(c, t, h // 2, 2, w // 2, 2)
+    return x.permute(1, 2, 4, 0, 3, 5).reshape(t * (h // 2) * (w // 2), c * 4)
+
+
+def unpatchify_video(rows: torch.Tensor, t: int, h: int, w: int, channels: int = VIDEO_CHANNELS) -> torch.Tensor:
+    """Inverse of patchify_video: rows -> (C, T, H, W) with H = 2h, W = 2w patches."""
+    x = rows.reshape(t, h, w, channels, 2, 2)
+    return x.permute(3, 0, 1, 4, 2, 5).reshape(channels, t, h * 2, w * 2)
+
+
+def pack_audio(latent: torch.Tensor) -> torch.Tensor:
+    """(C, 2, T) audio latent -> (2T, C) rows, channel-major (left lane's frames, then the right lane's)."""
+    c, lanes, t = latent.shape
+    return latent.permute(1, 2, 0).reshape(lanes * t, c)
+
+
+def unpack_audio(rows: torch.Tensor, lanes: int = 2) -> torch.Tensor:
+    """Inverse of pack_audio: (2T, C) rows -> (C, 2, T)."""
+    t = rows.shape[0] // lanes
+    return rows.reshape(lanes, t, rows.shape[-1]).permute(2, 0, 1)
+
+
+# Positions -------------------------------------------------------------------------------------
+
+def _axis(size: int, sqrt_area: float) -> torch.Tensor:
+    # Patch coordinates of one axis, centred and scaled so that a frame of any aspect ratio covers
+    # the same area: (k * ratio / n + (1 - ratio) / 2) * 32 for k < n patches, ratio = size / sqrt(area).
+    ratio = size / sqrt_area
+    n = size // 2
+    return (torch.arange(n, dtype=torch.float64) * (ratio / n) + (1.0 - ratio) / 2.0) * SPATIAL_EXTENT
+
+
+def frame_grid(latent_h: int, latent_w: int) -> tuple[torch.Tensor, tuple[float, float]]:
+    """(h, w) coordinates of one latent frame's patch rows, (rows, 2), and the w extremes used by audio lanes."""
+    sqrt_area = math.sqrt(latent_h * latent_w)
+    hs, ws = _axis(latent_h, sqrt_area), _axis(latent_w, sqrt_area)
+    hh, ww = torch.meshgrid(hs, ws, indexing="ij")
+    return torch.stack([hh.reshape(-1), ww.reshape(-1)], dim=-1), (float(ws[0]), float(ws[-1]))
+
+
+def video_times(latent_t: int, origin: float) -> torch.Tensor:
+    """Rotary time of each latent frame: origin + 5/3 * (pixel frames before it)."""
+    spans = torch.tensor([FRAME_UNITS * LATENT_FRAME_SPANS[k % CLIP_LATENTS] for k in range(latent_t)],
+                         dtype=torch.float64)
+    return origin + torch.cat([torch.zeros(1, dtype=torch.float64), spans[:-1].cumsum(0)])
+
+
+def video_span(latent_t: int) -> float:
+    """Clock units covered by `latent_t` latent frames."""
+    return sum(FRAME_UNITS * LATENT_FRAME_SPANS[k % CLIP_LATENTS] for k in range(latent_t))
+
+
+def video_positions(latent_t: int, latent_h: int, latent_w: int, origin: float) -> torch.Tensor:
+    """(latent_t * rows_per_frame, 3) float64 positions of video patch rows."""
+    grid, _ = frame_grid(latent_h, latent_w)
+    pos = torch.empty(latent_t, grid.shape[0], 3, dtype=torch.float64)
+    pos[:, :, 0] = video_times(latent_t, origin)[:, None]
+    pos[:, :, 1:] = grid[None]
+    return pos.reshape(-1, 3)
+
+
+def audio_positions(audio_t: int, origin: float, w_extremes: tuple[float, float]) -> torch.Tensor:
+    """(2 * audio_t, 3) float64 positions of channel-major stereo audio rows."""
+    pos = torch.zeros(2 * audio_t, 3, dtype=torch.float64)
+    pos[:, 0] = (origin + torch.arange(audio_t, dtype=torch.float64)).repeat(2)
+    pos[:audio_t, 2] = w_extremes[0]
+    pos[audio_t:, 2] = w_extremes[1]
+    return pos
+
+
+# Condition items -------------------------------------------------------------------------------
+
+@dataclass
+class ConditionItem:
+    """One block of condition rows for one batch element.
+
+    role "keyframe": a guide pinned at pixel frame `frame_index` (already resolved, >= 0).
+    role "reference": a reference block of `kind` "image", "video" or "audio".
+    video: (24, t, h, w) normalised latent or None; audio: (32, 2, t) normalised latent or None.
+    """
+    role: str
+    video: torch.Tensor | None = None
+    audio: torch.Tensor | None = None
+    frame_index: int = 0
+    kind: str = "image"
+
+
+def _batch_item(tensor: torch.Tensor | None, index: int, ndim: int, what: str) -> torch.Tensor | None:
+    if tensor is None:
+        return None
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != ndim:
+        raise ValueError(f"{what} must be a tensor with {ndim} dims, got "
+                         f"{getattr(tensor, 'shape', type(tensor).__name__)}")
+    if tensor.shape[0] not in (1,) and index >= tensor.shape[0]:
+        raise ValueError(f"{what} has batch {tensor.shape[0]}, which does not cover batch element {index}")
+    return tensor[0 if tensor.shape[0] == 1 else index]
+
+
+def condition_items(extras: dict, batch_index: int, *, target_frames: int, latent_h: int, latent_w: int,
+                    audio_t: int) -> list[ConditionItem]:
+    """Condition items of one batch element from CONDITIONING extras ("keyframes", "references").
+
+    A keyframe is {"frame_index": int (negative counts from the end), "latent": (B|1, 24, t, h, w) or None,
+    "audio_latent": (B|1, 32, 2, t) or None}. A reference is {"kind": "image"|"video"|"audio",
+    "latent": ... or None, "audio_latent": ... or None}. Keyframe video must be on the target's latent grid.
+    """
+    items: list[ConditionItem] = []
+    for n, kf in enumerate(extras.get("keyframes") or []):
+        what = f"keyframe {n}"
+        video = _batch_item(kf.get("latent"), batch_index, 5, f"{what} latent")
+        audio = _batch_item(kf.get("audio_latent"), batch_index, 4, f"{what} audio_latent")
+        if video is None and audio is None:
+            raise ValueError(f"{what} has neither a video latent nor an audio latent")
+        index = int(kf.get("frame_index", 0))
+        if index < 0:
+            index += target_frames
+        if not 0 <= index < target_frames:
+            raise ValueError(f"{what} frame_index {kf.get('frame_index')} is outside the clip of {target_frames} frames")
+        if video is not None:
+            if video.shape[0] != VIDEO_CHANNELS or tuple(video.shape[2:]) != (latent_h, latent_w):
+                raise ValueError(f"{what} latent has shape {tuple(video.shape)}; expected ({VIDEO_CHANNELS}, t, "
+                                 f"{latent_h}, {latent_w}) to match the target latent grid")
+            end = index + pixel_frames(video.shape[1])
+            if end > target_frames:
+                raise ValueError(f"{what} covers frames {index}..{end - 1} but the clip has {target_frames} frames")
+        if audio is not None:
+            if audio.shape[0] != AUDIO_CHANNELS or audio.shape[1] != 2:
+                raise ValueError(f"{what} audio_latent has shape {tuple(audio.shape)}; expected ({AUDIO_CHANNELS}, 2, t)")
+        items.append(ConditionItem("keyframe", video=video, audio=audio, frame_index=index))
+    for n, ref in enumerate(extras.get("references") or []):
+        what = f"reference {n}"
+        kind = ref.get("kind", "image")
+        video = _batch_item(ref.get("latent"), batch_index, 5, f"{what} latent")
+        audio = _batch_item(ref.get("audio_latent"), batch_index, 4, f"{what} audio_latent")
+        if kind not in ("image", "video", "audio"):
+            raise ValueError(f"{what} kind {kind!r} is not one of 'image', 'video', 'audio'")
+        if kind in ("image", "video") and video is None:
+            raise ValueError(f"{what} of kind {kind!r} has no latent")
+        if kind == "image" and video.shape[1] != 1:
+            raise ValueError(f"{what} is an image but its latent has {video.shape[1]} frames")
+        if kind == "audio" and audio is None:
+            raise ValueError(f"{what} of kind 'audio' has no audio_latent")
+        items.append(ConditionItem("reference", video=video if kind != "audio" else None,
+                                   audio=audio if kind != "image" else None, kind=kind))
+    return items
+
+
+# Layout ----------------------------------------------------------------------------------------
+
+@dataclass
+class Segment:
+    """A contiguous run of rows of one role. `item` indexes the ConditionItem the rows come from."""
+    role: str        # text | cond_video | cond_audio | ref_video | ref_audio | audio | video
+    start: int
+    stop: int
+    tag: int         # modality tag: video 0, text 1, audio 2
+    item: int = -1
+
+
+@dataclass
+class PackedLayout:
+    """Segments and (S, 3) float64 rotary positions (t, h, w) of one packed sequence."""
+    segments: list[Segment] = field(default_factory=list)
+    positions: torch.Tensor | None = None
+    origin: float = 0.0
+
+    @property
+    def seq_len(self) -> int:
+        """Total number of rows."""
+        return self.segments[-1].stop if self.segments else 0
+
+    def segment(self, role: str) -> Segment:
+        """The (single) segment of `role` (used for the target audio and video)."""
+        for seg in self.segments:
+            if seg.role == role:
+                return seg
+        raise KeyError(role)
+
+
+def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, audio_t: int,
+                 items: list[ConditionItem] | None = None) -> PackedLayout:
+    """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames."""
+    items = items or []
+    grid_w = frame_grid(latent_h, latent_w)[1]
+    segments: list[Segment] = []
+    positions: list[torch.Tensor] = []
+
+    def add(role: str, n: int, tag: int, pos: torch.Tensor, item: int = -1) -> None:
+        start = segments[-1].stop if segments else 0
+        segments.append(Segment(role, start, start + n, tag, item))
+        positions.append(pos)
+
+    text_pos = torch.zeros(text_len, 3, dtype=torch.float64)
+    text_pos[:, 0] = torch.arange(text_len, dtype=torch.float64)
+    add("text", text_len, TAG_TEXT, text_pos)
+
+    # The targets start after every reference block; keyframes are placed relative to that origin.
+    origin = float(text_len)
+    for item in items:
+        if item.role == "reference":
+            origin += _reference_span(item)
+
+    for i, item in enumerate(items):
+        if item.role != "keyframe":
+            continue
+        t0 = origin + FRAME_UNITS * item.frame_index
+        if item.video is not None:
+            vt = item.video.shape[1]
+            add("cond_video", vt * (latent_h // 2) * (latent_w // 2), TAG_VIDEO,
+                video_positions(vt, latent_h, latent_w, t0), i)
+        if item.audio is not None:
+            at = item.audio.shape[-1]
+            add("cond_audio", 2 * at, TAG_AUDIO, audio_positions(at, t0, grid_w), i)
+
+    cursor = float(text_len)
+    for i, item in enumerate(items):
+        if item.role != "reference":
+            continue
+        if item.kind == "image":
+            rh, rw = item.video.shape[2], item.video.shape[3]
+            grid, _ = frame_grid(rh, rw)
+            pos = torch.empty(grid.shape[0], 3, dtype=torch.float64)
+            pos[:, 0] = cursor
+            pos[:, 1:] = grid
+            add("ref_video", grid.shape[0], TAG_VIDEO, pos, i)
+        elif item.kind == "audio":
+            at = item.audio.shape[-1]
+            add("ref_audio", 2 * at, TAG_AUDIO, audio_positions(at, cursor, grid_w), i)
+        else:
+            vt, rh, rw = item.video.shape[1:]
+            if item.audio is not None:
+                at = item.audio.shape[-1]
+                add("ref_audio", 2 * at, TAG_AUDIO, audio_positions(at, cursor, frame_grid(rh, rw)[1]), i)
+            add("ref_video", vt * (rh // 2) * (rw // 2), TAG_VIDEO, video_positions(vt, rh, rw, cursor), i)
+        cursor += _reference_span(item)
+
+    add("audio", 2 * audio_t, TAG_AUDIO, audio_positions(audio_t, origin, grid_w))
+    add("video", latent_t * (latent_h // 2) * (latent_w // 2), TAG_VIDEO,
+        video_positions(latent_t, latent_h, latent_w, origin))
+    return PackedLayout(segments, torch.cat(positions), origin)
+
+
+def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
+                  video_mask: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row timestep t = 1 - sigma (float64, 1 = clean) and modality tag (long) of a packed sequence.
+
+    Text follows the video stream; target rows are at their stream's sigma, times their noise-mask value
+    when a mask (patch grid (T, h, w) for video, (Ta,) for audio) is given; visual condition rows are held
+    at t = max(t_video, 0.999) and audio condition rows at t = 1.
+    """
+    t_v, t_a = 1.0 - sigma_video, 1.0 - sigma_audio
+    fixed = {"text": t_v, "video": t_v, "audio": t_a,
+             "cond_video": max(t_v, VIDEO_CONDITION_T), "ref_video": max(t_v, VIDEO_CONDITION_T),
+             "cond_audio": max(t_a, AUDIO_CONDITION_T), "ref_audio": max(t_a, AUDIO_CONDITION_T)}
+    t_rows = torch.empty(layout.seq_len, dtype=torch.float64)
+    tags = torch.empty(layout.seq_len, dtype=torch.long)
+    for seg in layout.segments:
+        tags[seg.start:seg.stop] = seg.tag
+        if seg.role == "video" and video_mask is not None:
+            t_rows[seg.start:seg.stop] = 1.0 - video_mask.reshape(-1).double().cpu() * sigma_video
+        elif seg.role == "audio" and audio_mask is not None:
+            # Both stereo lanes of a latent frame share its mask value (rows are lane-major).
+            t_rows[seg.start:seg.stop] = 1.0 - audio_mask.reshape(-1).double().cpu().repeat(2) * sigma_audio
+        else:
+            t_rows[seg.start:seg.stop] = fixed[seg.role]
+    return t_rows, tags
+
+
+def _reference_span(item: ConditionItem) -> float:
+    if item.kind == "image":
+        return 1.0
+    if item.kind == "audio":
+        return float(item.audio.shape[-1])
+    audio_span = float(item.audio.shape[-1]) if item.audio is not None else 0.0
+    return max(audio_span, video_span(item.video.shape[1]))
+
+
+# Noise masks (1 = generate, 0 = keep) ------------------------------------------------------------
+
+def quantise_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Clamp to [0, 1] and round to steps of 1/256."""
+    return torch.round(mask.float().clamp(0.0, 1.0) * MASK_LEVELS) / MASK_LEVELS
+
+
+def reduce_video_mask(mask: torch.Tensor, batch: int, latent_t: int, latent_h: int, latent_w: int) -> torch.Tensor:
+    """A video noise mask reduced to the transformer's patch grid: (batch, latent_t, latent_h/2, latent_w/2).
+
+    Accepts (H, W), (T, H, W), (B, T, H, W) or (B, C, T, H, W). T may be 1, latent_t or the pixel frame
+    count; H, W may be the latent size or any multiple of it (pixel masks). Reduction is by max (a
+    patch is generated if any of its values is), then quantised to 1/256.
+    """
+    m = mask.float()
+    if m.dim() == 2:
+        m = m[None, None, None]
+    elif m.dim() == 3:
+        m = m[None, None]
+    elif m.dim() == 4:
+        m = m[:, None]
+    elif m.dim() != 5:
+        raise ValueError(f"video noise mask must have 2 to 5 dims, got shape {tuple(mask.shape)}")
+    m = m.amax(dim=1)  # (B', T', H', W')
+    if m.shape[0] not in (1, batch):
+        raise ValueError(f"video noise mask batch {m.shape[0]} does not match latent batch {batch}")
+    t = m.shape[1]
+    if t == pixel_frames(latent_t) and t != latent_t:
+        # Pixel frames -> the latent frame that encodes them (clip start: 1 frame, then 4 per latent).
+        groups, start = [], 0
+        for k in range(latent_t):
+            n = 1 if k % CLIP_LATENTS == 0 else 4
+            groups.append(m[:, start:start + n].amax(dim=1))
+            start += n
+        m = torch.stack(groups, dim=1)
+    elif t not in (1, latent_t):
+        raise ValueError(f"video noise mask has {t} frames; expected 1, {latent_t} latent frames or "
+                         f"{pixel_frames(latent_t)} pixel frames")
+    h, w = m.shape[2], m.shape[3]
+    if (h, w) != (latent_h, latent_w):
+        if h % latent_h == 0 and w % latent_w == 0:
+            m = torch.nn.functional.max_pool2d(m, kernel_size=(h // latent_h, w // latent_w))
+        else:
+            m = torch.nn.functional.interpolate(m, size=(latent_h, latent_w), mode="nearest")
+    m = m.expand(batch, latent_t, latent_h, latent_w)
+    # Odd latent sizes are padded to whole patches by repeating the last row/column.
+    pad_h, pad_w = latent_h % 2, latent_w % 2
+    if pad_h or pad_w:
+        m = torch.nn.functional.pad(m, (0, pad_w, 0, pad_h), mode="replicate")
+    m = torch.nn.functional.max_pool2d(m, kernel_size=2)
+    return quantise_mask(m)
+
+
+def reduce_audio_mask(mask: torch.Tensor, batch: int, audio_t: int) -> torch.Tensor:
+    """An audio noise mask reduced to one value per latent frame: (batch, audio_t), by max, quantised to 1/256.
+
+    Accepts (T,), (B, T), (B, C, T) or (B, C, 2, T) with T = audio_t (or 1).
+    """
+    m = mask.float()
+    if m.dim() == 1:
+        m = m[None]
+    elif m.dim() > 2:
+        m = m.flatten(1, -2).amax(dim=1)
+    if m.dim() != 2 or m.shape[-1] not in (1, audio_t):
+        raise ValueError(f"audio noise mask of shape {tuple(mask.shape)} does not fit {audio_t} audio latent frames")
+    if m.shape[0] not in (1, batch):
+        raise ValueError(f"audio noise mask batch {m.shape[0]} does not match latent batch {batch}")
+    return quantise_mask(m.expand(batch, audio_t))
+
+
+def expand_video_mask(patch_mask: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
+    """(B, T, h, w) patch-grid mask -> (B, 1, T, H, W) latent-resolution mask (each patch value repeated 2x2)."""
+    m = patch_mask.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
+    return m[:, None, :, :latent_h, :latent_w]
+
+
+def expand_audio_mask(frame_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) per-frame mask -> (B, 1, 1, T) broadcastable over the audio latent."""
+    return frame_mask[:, None, None, :]
+
+
+__all__ = [
+    "TAG_VIDEO", "TAG_TEXT", "TAG_AUDIO", "FRAME_UNITS", "VIDEO_CONDITION_T", "AUDIO_CONDITION_T",
+    "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "frame_grid", "video_positions",
+    "audio_positions", "ConditionItem", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",
+    "quantise_mask", "reduce_video_mask", "reduce_audio_mask", "expand_video_mask", "expand_audio_mask",
+    "latent_frames",
+]

@@ -1,0 +1,219 @@
+"""Flow-matching sampling for H3: schedules, the audio sigma derived from the video sigma, Euler and res_multistep.
+
+Noise model: x_sigma = (1 - sigma) * x0 + sigma * noise. The transformer predicts the velocity toward
+data, so the denoised estimate is x0 = x + sigma * v. The schedule `sigma = s*b / (1 + (s-1)*b)` over
+`b = linspace(1, 0, N)` is drawn for video (shift 12); the audio sigma of each step is obtained by
+undoing the video shift and applying the audio shift (3), so one schedule drives both streams.
+
+Per-token noise masks (1 = generate, 0 = keep): a row with mask m is at sigma m * sigma (its timestep
+label and its noise level), its velocity is multiplied by m, and kept rows (m = 0) are re-injected from
+the clean latent after every step.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from models.h3 import packing
+from models.h3.layers import compute_device
+
+SAMPLERS = ("euler", "res_multistep")
+
+
+def shifted_sigma(b: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    """sigma = s*b / (1 + (s-1)*b) for a base grid value b in [0, 1]."""
+    return shift * b / (1.0 + (shift - 1.0) * b)
+
+
+def convert_sigma(sigma: torch.Tensor | float, from_shift: float, to_shift: float) -> torch.Tensor | float:
+    """The sigma of the same base-grid point under another shift (video sigma -> audio sigma)."""
+    base = sigma / (from_shift + sigma * (1.0 - from_shift))
+    return shifted_sigma(base, to_shift)
+
+
+def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0) -> torch.Tensor:
+    """The `simple` schedule: steps + 1 sigmas ending at 0 (float32); with denoise < 1, its last steps + 1 values of a longer grid."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if not 0.0 < denoise <= 1.0:
+        if denoise == 0.0:
+            return torch.zeros(0)
+        raise ValueError(f"denoise must be in (0, 1], got {denoise}")
+    total = steps if denoise >= 1.0 else int(steps / denoise)
+    grid = torch.linspace(1.0, 0.0, total + 1, dtype=torch.float64)
+    return shifted_sigma(grid, shift)[-(steps + 1):].float()
+
+
+# Steppers -----------------------------------------------------------------------------------------
+# Each works on one stream with an elementwise sigma tensor (masked rows carry m * sigma).
+
+def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
+    """One Euler step of the flow ODE: x + (sigma - sigma_next) * v."""
+    return x + (sigma - sigma_next) * v
+
+
+def _half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
+    # lambda = log(alpha / sigma) with alpha = 1 - sigma; -inf at pure noise, +inf at clean.
+    return torch.log1p(-sigma) - torch.log(sigma)
+
+
+class ResMultistep:
+    """Second-order multistep exponential integrator (data prediction) in the flow model's half-log-SNR.
+
+    x_next = (sigma_next / sigma) * x + alpha_next * h * ((phi1 + phi2 / c) * D - (phi2 / c) * D_prev),
+    with h = lambda_next - lambda, c = (lambda - lambda_prev) / h, phi1(z) = (e^z - 1)/z, phi2(z) = (phi1(z) - 1)/z at
+    z = -h. The first step (no previous estimate), a step from pure noise history and the final step to 0 are
+    first order (Euler), which is exact for the flow model's linear interpolation at those points.
+    """
+
+    def __init__(self):
+        self.prev_denoised: torch.Tensor | None = None
+        self.prev_lambda: torch.Tensor | None = None
+
+    def step(self, x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
+        """Advance x from sigma to sigma_next (elementwise, broadcastable) given the velocity v at x."""
+        xd, vd = x.double(), v.double()
+        sigma = torch.as_tensor(sigma, dtype=torch.float64).expand_as(xd)
+        sigma_next = torch.as_tensor(sigma_next, dtype=torch.float64).expand_as(xd)
+        denoised = xd + sigma * vd
+        out = xd + (sigma - sigma_next) * vd  # Euler
+        # The second-order update applies where both ends are strictly inside (0, 1) and a finite history exists.
+        inside = (sigma > 0) & (sigma < 1) & (sigma_next > 0) & (sigma_next < sigma)
+        lam = _half_log_snr(torch.where(inside, sigma, torch.full_like(sigma, 0.5)))
+        if self.prev_denoised is not None and bool(inside.any()):
+            lam_next = _half_log_snr(torch.where(inside, sigma_next, torch.full_like(sigma, 0.25)))
+            h = lam_next - lam
+            lam_prev = self.prev_lambda
+            ok = inside & torch.isfinite(lam_prev) & (lam > lam_prev)
+            c = torch.where(ok, (lam - lam_prev) / h, torch.ones_like(h))
+            phi1 = torch.expm1(-h) / (-h)
+            phi2 = (phi1 - 1.0) / (-h)
+            b2 = -phi2 / c
+            b1 = phi1 - b2
+            sn = torch.where(inside, sigma_next, torch.full_like(sigma, 0.25))
+            s = torch.where(inside, sigma, torch.full_like(sigma, 0.5))
+            second = (sn / s) * xd + (1.0 - sn) * h * (b1 * denoised + b2 * self.prev_denoised)
+            out = torch.where(ok, second, out)
+        self.prev_denoised = denoised
+        # Pure noise (sigma = 1) has lambda = -inf: a history point there carries no slope information.
+        self.prev_lambda = torch.where(inside, lam, torch.full_like(lam, -math.inf))
+        return out.to(x.dtype)
+
+
+# The sampling loop --------------------------------------------------------------------------------
+
+def make_noise(latent: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic noise for a LATENT value: video first, then audio, from one CPU generator seeded with `seed`."""
+    gen = torch.Generator("cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    video = latent["samples"]
+    audio = latent["audio_samples"]
+    nv = torch.randn(video.shape, generator=gen, dtype=torch.float32)
+    na = torch.randn(audio.shape, generator=gen, dtype=torch.float32)
+    return nv, na
+
+
+def _conditioning(conditioning) -> tuple[torch.Tensor, dict]:
+    if not isinstance(conditioning, (list, tuple)) or not conditioning:
+        raise ValueError("conditioning must be a non-empty list of [hidden, extras] entries")
+    if len(conditioning) > 1:
+        raise ValueError(f"H3 sampling takes one conditioning entry; got {len(conditioning)} "
+                         "(combine prompts before encoding instead)")
+    entry = conditioning[0]
+    hidden, extras = entry[0], (entry[1] if len(entry) > 1 else {}) or {}
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise ValueError(f"conditioning hidden states must be (B, L, D), got {getattr(hidden, 'shape', type(hidden).__name__)}")
+    return hidden, extras
+
+
+def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str = "euler",
+           callback: Callable[[int, int, dict], None] | None = None, *, video_shift: float | None = None,
+           audio_shift: float | None = None, add_noise: bool = True) -> dict:
+    """Denoise an H3 LATENT value along `sigmas` (the video schedule) and return the new LATENT value.
+
+    model: an H3Transformer (or anything with its forward signature and `config`). conditioning: a
+    CONDITIONING list with one [hidden (B, L, D), extras] entry; extras may hold "attention_mask" (B, L),
+    "keyframes" and "references" (models/h3/packing.py). `callback(step, total, denoised)` is called
+    after each step with the current x0 estimate {"samples", "audio_samples"}; raise from it to interrupt.
+    Deterministic for a given seed. video_shift / audio_shift default to the model config's (12 / 3).
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; H3 supports {', '.join(SAMPLERS)}")
+    if "samples" not in latent or "audio_samples" not in latent:
+        raise ValueError("H3 sampling needs a LATENT with both 'samples' (video) and 'audio_samples' (audio)")
+    module = getattr(model, "model", model)  # a patcher ModelHandle runs its .model with its adapters
+    cfg = getattr(model, "config", None) or getattr(module, "config", None)
+    video_shift = float(video_shift if video_shift is not None else getattr(cfg, "shift_video", 12.0))
+    audio_shift = float(audio_shift if audio_shift is not None else getattr(cfg, "shift_audio", 3.0))
+    sig_v = torch.as_tensor(sigmas, dtype=torch.float64).flatten()
+    clean_v = latent["samples"].float()
+    clean_a = latent["audio_samples"].float()
+    out = dict(latent)
+    if sig_v.numel() < 2:
+        return out
+    sig_a = convert_sigma(sig_v, video_shift, audio_shift)
+
+    hidden, extras = _conditioning(conditioning)
+    b, _, lt, lh, lw = clean_v.shape
+    at = clean_a.shape[-1]
+    frames = int(latent.get("length") or 0) or packing.pixel_frames(lt)
+    items = [packing.condition_items(extras, i, target_frames=frames, latent_h=lh + lh % 2, latent_w=lw + lw % 2,
+                                     audio_t=at) for i in range(b)]
+    context_mask = extras.get("attention_mask")
+
+    # Noise masks at row resolution (patch grid / audio frame), then back at latent resolution.
+    vm_rows = am_rows = None
+    vm = am = None
+    if latent.get("noise_mask") is not None:
+        vm_rows = packing.reduce_video_mask(latent["noise_mask"], b, lt, lh, lw)
+        vm = packing.expand_video_mask(vm_rows, lh, lw).double()
+    if latent.get("audio_noise_mask") is not None:
+        am_rows = packing.reduce_audio_mask(latent["audio_noise_mask"], b, at)
+        am = packing.expand_audio_mask(am_rows).double()
+
+    def stream_sigma(s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return s if mask is None else s * mask
+
+    device = compute_device(module) if isinstance(module, torch.nn.Module) else torch.device("cpu")
+    x_v, x_a = clean_v.clone(), clean_a.clone()
+    if add_noise:
+        noise_v, noise_a = make_noise(latent, noise_seed)
+        s0v, s0a = stream_sigma(sig_v[0], vm), stream_sigma(sig_a[0], am)
+        x_v = ((1.0 - s0v) * clean_v + s0v * noise_v).float()
+        x_a = ((1.0 - s0a) * clean_a + s0a * noise_a).float()
+
+    steppers = (ResMultistep(), ResMultistep()) if sampler == "res_multistep" else None
+    total = sig_v.numel() - 1
+    for i in range(total):
+        sv, sa = float(sig_v[i]), float(sig_a[i])
+        with torch.no_grad():
+            v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
+                             context_mask=context_mask.to(device) if context_mask is not None else None,
+                             conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed)
+        v_v, v_a = v_v.float().cpu(), v_a.float().cpu()
+        # Row sigmas: m * sigma where a noise mask is set. Stepping a row from m*sigma to m*sigma_next with its
+        # own velocity is the same as stepping the global sigma with the velocity multiplied by m.
+        rv, rv_next = stream_sigma(sig_v[i], vm), stream_sigma(sig_v[i + 1], vm)
+        ra, ra_next = stream_sigma(sig_a[i], am), stream_sigma(sig_a[i + 1], am)
+        denoised_v = (x_v + rv * v_v).float()
+        denoised_a = (x_a + ra * v_a).float()
+        if steppers is None:
+            x_v = euler_step(x_v, v_v, rv, rv_next).float()
+            x_a = euler_step(x_a, v_a, ra, ra_next).float()
+        else:
+            x_v = steppers[0].step(x_v, v_v, torch.as_tensor(rv), torch.as_tensor(rv_next))
+            x_a = steppers[1].step(x_a, v_a, torch.as_tensor(ra), torch.as_tensor(ra_next))
+        # Kept rows come back exactly from the clean latent.
+        if vm is not None:
+            x_v = torch.where(vm > 0, x_v, clean_v)
+            denoised_v = torch.where(vm > 0, denoised_v, clean_v)
+        if am is not None:
+            x_a = torch.where(am > 0, x_a, clean_a)
+            denoised_a = torch.where(am > 0, denoised_a, clean_a)
+        if callback is not None:
+            callback(i + 1, total, {"samples": denoised_v, "audio_samples": denoised_a})
+
+    out["samples"] = x_v.to(latent["samples"].dtype)
+    out["audio_samples"] = x_a.to(latent["audio_samples"].dtype)
+    return out

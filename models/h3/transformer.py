@@ -1,0 +1,381 @@
+"""The H3 audio-video diffusion transformer: one stream of blocks over one packed sequence.
+
+Per batch element the sequence is [text | condition rows | target audio | target video] (see
+models/h3/packing.py). Full bidirectional self-attention, no cross-attention. Every block is AdaLN-zero
+modulated by a row chosen from (timestep, modality tag), so one forward carries several noise levels
+(clean condition rows, the video and the audio schedules, per-token noise masks). Text is projected by
+`condition_proj` and refined by a small `token_refiner` (no AdaLN, no RoPE). The output is the velocity
+pointing toward data for the target audio and video: x0 = x + sigma * v.
+
+Parameter names are the original checkpoint's, so a real checkpoint loads by name.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.h3 import packing
+from models.h3.layers import attention, op, rope_split_half
+
+
+@dataclass
+class H3TransformerConfig:
+    """Shape of an H3 transformer. Defaults are the released 33B model's."""
+    hidden_size: int = 5376              # width of the residual stream
+    num_layers: int = 50                 # DiT blocks
+    refiner_layers: int = 2              # token_refiner blocks (text only)
+    num_heads: int = 56
+    head_dim: int = 128                  # inner attention width 56 * 128 = 7168, wider than hidden_size
+    ffn_size: int = 14336                # SwiGLU width (fc1 holds gate and value halves)
+    video_channels: int = 24             # video latent channels
+    audio_channels: int = 32             # audio latent channels
+    patch_size: tuple[int, int, int] = (1, 2, 2)  # (t, h, w) video patch: 24 * 4 = 96 values per row
+    text_dim: int = 5120                 # width of the text encoder's hidden states
+    time_freq_dim: int = 256             # sinusoidal timestep features
+    time_hidden_size: int = 5376         # time_embedder.proj_in width
+    time_embed_dim: int = 2688           # time_embedder output, input of every adaln_proj
+    rope_freqs_per_axis: int = 16        # rotary pairs per axis (t, h, w): 3 * 16 * 2 = 96 of 128 dims rotated
+    adaln_curve_points: int | None = None  # curve-form checkpoints: rows of adaln_t_table (no time_embedder)
+    norm_eps: float = 1e-5
+    qk_norm_eps: float = 1e-5
+    final_norm_eps: float = 1e-5
+    shift_video: float = 12.0            # sigma shift of the video schedule
+    shift_audio: float = 3.0             # sigma shift of the audio schedule (derived from the video sigma)
+
+    @property
+    def inner_dim(self) -> int:
+        """Attention width (heads * head_dim)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def video_patch_dim(self) -> int:
+        """Values per video patch row."""
+        pt, ph, pw = self.patch_size
+        return self.video_channels * pt * ph * pw
+
+
+# A configuration that keeps every interface of the real one (24/32 latent channels, patch 1x2x2,
+# partial rotary, inner attention width != hidden width) and runs in milliseconds on a CPU.
+TINY_CONFIG = H3TransformerConfig(
+    hidden_size=64, num_layers=2, refiner_layers=1, num_heads=2, head_dim=48, ffn_size=128, text_dim=48,
+    time_freq_dim=32, time_hidden_size=64, time_embed_dim=32, rope_freqs_per_axis=6)
+
+
+def _rms_norm(dim: int, eps: float) -> nn.Module:
+    return op("RMSNorm")(dim, eps=eps)
+
+
+class TimeEmbedder(nn.Module):
+    """Sinusoidal features of t in [0, 1] (cos before sin) -> MLP."""
+
+    def __init__(self, freq_dim: int, hidden: int, out: int):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.proj_in = op("Linear")(freq_dim, hidden, bias=True)
+        self.proj_out = op("Linear")(hidden, out, bias=True)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t.float()[:, None] * freqs[None]  # (M, half)
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.proj_out(F.silu(self.proj_in(emb.to(self.proj_in.weight.dtype))))
+
+
+class Attention(nn.Module):
+    """Fused qkv (no bias), per-head RMSNorm on q and k, partial split-half RoPE, out projection."""
+
+    def __init__(self, hidden: int, heads: int, head_dim: int, qk_eps: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.qkv_proj = op("Linear")(hidden, 3 * inner, bias=False)
+        self.q_norm = _rms_norm(head_dim, qk_eps)
+        self.k_norm = _rms_norm(head_dim, qk_eps)
+        self.out_proj = op("Linear")(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        s = x.shape[0]
+        q, k, v = self.qkv_proj(x).view(s, 3, self.heads, self.head_dim).unbind(1)  # each (S, H, D)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope_split_half(q, *rope), rope_split_half(k, *rope)
+        out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # (1, H, S, D)
+        out = out[0].transpose(0, 1).reshape(s, self.heads * self.head_dim)
+        return self.out_proj(out, residual=residual)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward; fc1 holds the gate and value halves."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.fc1 = op("Linear")(hidden, 2 * ffn, bias=False)
+        self.fc2 = op("Linear")(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return self.fc2(self.fc1(x), prologue="swiglu", residual=residual)
+
+
+class AdalnProj(nn.Module):
+    """t_emb (M, t_dim) -> `expand` tensors of (M * modalities, hidden); row m * modalities + tag."""
+
+    def __init__(self, t_dim: int, hidden: int, expand: int, modalities: int, apply_silu: bool = True):
+        super().__init__()
+        self.expand, self.modalities, self.hidden, self.apply_silu = expand, modalities, hidden, apply_silu
+        self.linear = op("Linear")(t_dim, expand * hidden * modalities, bias=True)
+
+    def forward(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = self.linear((F.silu(t_emb) if self.apply_silu else t_emb).to(self.linear.weight.dtype))
+        return x.view(x.shape[0] * self.modalities, self.expand * self.hidden).chunk(self.expand, dim=-1)
+
+
+class RowModulation:
+    """Applies per-row modulation rows (indexed by `row_index`) by contiguous runs, or by gather when runs are many."""
+
+    MAX_RUNS = 32
+
+    def __init__(self, row_index: torch.Tensor):
+        values, counts = torch.unique_consecutive(row_index, return_counts=True)
+        if values.numel() <= self.MAX_RUNS:
+            stops = counts.cumsum(0).tolist()
+            starts = [0] + stops[:-1]
+            self.runs = list(zip(starts, stops, values.tolist()))
+            self.index = None
+        else:
+            self.runs, self.index = None, row_index
+
+    def affine(self, h: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """h * (1 + scale[row]) + shift[row]."""
+        if self.index is not None:
+            return h * (1.0 + scale[self.index].to(h.dtype)) + shift[self.index].to(h.dtype)
+        out = torch.empty_like(h)
+        for a, b, r in self.runs:
+            out[a:b] = h[a:b] * (1.0 + scale[r].to(h.dtype)) + shift[r].to(h.dtype)
+        return out
+
+    def gated_add(self, x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + gate[row] * y."""
+        if self.index is not None:
+            return x + gate[self.index].to(x.dtype) * y
+        out = torch.empty_like(x)
+        for a, b, r in self.runs:
+            out[a:b] = torch.addcmul(x[a:b], y[a:b], gate[r].to(x.dtype))
+        return out
+
+
+class RefinerBlock(nn.Module):
+    """Pre-norm attention + SwiGLU block for text tokens (no modulation, no RoPE)."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.norm1 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
+        self.norm2 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
+        self.attn = Attention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.ffn_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn(self.norm1(x), residual=x)
+        return self.mlp(self.norm2(x), residual=x)
+
+
+class TokenRefiner(nn.Module):
+    """A few plain transformer blocks over the projected text, then a final RMSNorm."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.blocks = nn.ModuleList([RefinerBlock(cfg) for _ in range(cfg.refiner_layers)])
+        self.final_norm = _rms_norm(cfg.hidden_size, cfg.final_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.final_norm(x)
+
+
+class DiTBlock(nn.Module):
+    """AdaLN-zero block: modulated attention and SwiGLU, each with a per-row gate."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        curve = cfg.adaln_curve_points is not None
+        self.norm1 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
+        self.norm2 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
+        self.attn = Attention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.ffn_size)
+        self.adaln_proj = AdalnProj(cfg.time_embed_dim, cfg.hidden_size, 6, 3, apply_silu=not curve)
+
+    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, mod: RowModulation,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaln_proj(t_emb)  # each (M * 3, hidden)
+        h = mod.affine(self.norm1(x), shift_a, scale_a)
+        x = mod.gated_add(x, gate_a, self.attn(h, rope))
+        h = mod.affine(self.norm2(x), shift_m, scale_m)
+        return mod.gated_add(x, gate_m, self.mlp(h))
+
+
+class FinalLayer(nn.Module):
+    """Modulated RMSNorm and the float32 output heads for video patches and audio rows."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        curve = cfg.adaln_curve_points is not None
+        self.norm = _rms_norm(cfg.hidden_size, cfg.final_norm_eps)
+        self.adaln_proj = AdalnProj(cfg.time_embed_dim, cfg.hidden_size, 2, 1, apply_silu=not curve)
+        self.video_out = op("Linear")(cfg.hidden_size, cfg.video_patch_dim, bias=True)
+        self.audio_out = op("Linear")(cfg.hidden_size, cfg.audio_channels, bias=True)
+
+    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, t_index: torch.Tensor,
+                head: str) -> torch.Tensor:
+        shift, scale = self.adaln_proj(t_emb)  # each (M, hidden)
+        h = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
+        out = self.video_out if head == "video" else self.audio_out
+        return out(h.to(out.weight.dtype)).float()
+
+
+# Parameters kept in float32 whatever the model dtype (the checkpoint's float32 island).
+FLOAT32_PREFIXES = ("video_patch_proj.", "audio_patch_proj.", "time_embedder.", "adaln_t_table",
+                    "rope.", "final_layer.video_out.", "final_layer.audio_out.")
+
+
+class H3Transformer(nn.Module):
+    """The H3 transformer; forward returns velocities toward data for the target video and audio."""
+
+    def __init__(self, config: H3TransformerConfig | None = None):
+        super().__init__()
+        cfg = self.config = config or H3TransformerConfig()
+        if 6 * cfg.rope_freqs_per_axis > cfg.head_dim:
+            raise ValueError(f"rope_freqs_per_axis {cfg.rope_freqs_per_axis} rotates more than head_dim {cfg.head_dim}")
+        self.video_patch_proj = op("Linear")(cfg.video_patch_dim, cfg.hidden_size, bias=True)
+        self.audio_patch_proj = op("Linear")(cfg.audio_channels, cfg.hidden_size, bias=True)
+        self.condition_proj = op("Linear")(cfg.text_dim, cfg.hidden_size, bias=True)
+        if cfg.adaln_curve_points is not None:
+            self.register_buffer("adaln_t_table", torch.zeros(cfg.adaln_curve_points, cfg.time_embed_dim))
+        else:
+            self.time_embedder = TimeEmbedder(cfg.time_freq_dim, cfg.time_hidden_size, cfg.time_embed_dim)
+        self.rope = nn.Module()
+        n = cfg.rope_freqs_per_axis
+        self.rope.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(n, dtype=torch.float32) / n)))
+        self.token_refiner = TokenRefiner(cfg)
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_layers)])
+        self.final_layer = FinalLayer(cfg)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype activations flow in (that of the non-float32 weights)."""
+        return self.condition_proj.weight.dtype
+
+    def refine_text(self, text: torch.Tensor) -> torch.Tensor:
+        """(L, text_dim) text-encoder states -> (L, hidden) refined text rows."""
+        return self.token_refiner(self.condition_proj(text.to(self.compute_dtype)))
+
+    def rope_tables(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S, 3) positions -> cos, sin of (S, 3 * freqs) rotation angles (t freqs, then h, then w)."""
+        inv = self.rope.inv_freq.float().to(device)
+        angles = positions.to(device=device, dtype=torch.float32)[:, :, None] * inv  # (S, 3, F)
+        angles = angles.flatten(1)
+        return torch.cos(angles), torch.sin(angles)
+
+    def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
+        """(M,) timesteps in [0, 1] (1 = clean) -> (M, time_embed_dim)."""
+        if self.config.adaln_curve_points is not None:
+            table = self.adaln_t_table.float()
+            pos = t.float().clamp(0.0, 1.0) * (table.shape[0] - 1)
+            lo = pos.floor().long().clamp(max=table.shape[0] - 2)
+            return torch.lerp(table[lo], table[lo + 1], (pos - lo).unsqueeze(1))
+        return self.time_embedder(t).to(self.compute_dtype)
+
+    def forward(self, video: torch.Tensor, audio: torch.Tensor, context: torch.Tensor,
+                sigma_video: float, sigma_audio: float, *, context_mask: torch.Tensor | None = None,
+                conditions: list[list[packing.ConditionItem]] | None = None,
+                video_mask: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None,
+                condition_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocities toward data for the targets.
+
+        video (B, 24, T, H, W), audio (B, 32, 2, Ta), context (B, L, text_dim) with optional boolean
+        context_mask (B, L); sigma_video / sigma_audio: the streams' noise levels; conditions: per batch
+        element, the condition items (models/h3/packing.py); video_mask (B, T, ceil(H/2), ceil(W/2)) and
+        audio_mask (B, Ta): quantised per-row noise masks (1 = generate). Returns float32
+        (B, 24, T, H, W) and (B, 32, 2, Ta).
+        """
+        cfg = self.config
+        b, c, t, h, w = video.shape
+        if c != cfg.video_channels or audio.shape[1] != cfg.audio_channels or audio.shape[2] != 2:
+            raise ValueError(f"H3 transformer expects video (B, {cfg.video_channels}, T, H, W) and audio "
+                             f"(B, {cfg.audio_channels}, 2, T); got {tuple(video.shape)} and {tuple(audio.shape)}")
+        if context.shape[-1] != cfg.text_dim:
+            raise ValueError(f"conditioning width {context.shape[-1]} does not match the model's text width {cfg.text_dim}")
+        if audio.shape[0] != b or context.shape[0] not in (1, b):
+            raise ValueError(f"batch sizes differ: video {b}, audio {audio.shape[0]}, conditioning {context.shape[0]}")
+        # Latent sizes that are not whole patches are padded by repetition; the output is cropped back.
+        pad_h, pad_w = h % 2, w % 2
+        if pad_h or pad_w:
+            video = F.pad(video.flatten(0, 1), (0, pad_w, 0, pad_h), mode="replicate").view(b, c, t, h + pad_h, w + pad_w)
+        v_out, a_out = [], []
+        for i in range(b):
+            text = context[i if context.shape[0] > 1 else 0]
+            if context_mask is not None:
+                text = text[context_mask[i if context_mask.shape[0] > 1 else 0].bool()]
+            v, a = self._forward_one(
+                video[i], audio[i], text, float(sigma_video), float(sigma_audio),
+                conditions[i] if conditions else [],
+                video_mask[i] if video_mask is not None else None,
+                audio_mask[i] if audio_mask is not None else None, condition_seed)
+            v_out.append(v[:, :, :h, :w])
+            a_out.append(a)
+        return torch.stack(v_out), torch.stack(a_out)
+
+    def _forward_one(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, sigma_v: float,
+                     sigma_a: float, items: list[packing.ConditionItem], video_mask: torch.Tensor | None,
+                     audio_mask: torch.Tensor | None, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        device, dtype = video.device, self.compute_dtype
+        _, lt, lh, lw = video.shape
+        at = audio.shape[-1]
+        layout = packing.build_layout(text.shape[0], lt, lh, lw, at, items)
+        seq = layout.seq_len
+
+        t_rows, tags = packing.row_timesteps(layout, sigma_v, sigma_a, video_mask, audio_mask)
+        t_values, t_index = torch.unique(t_rows.float(), return_inverse=True)
+        t_emb = self.time_embedding(t_values.to(device))
+        mod = RowModulation((t_index * 3 + tags).to(device))
+
+        # Embed every row in float32 (the patch projections are float32), then switch to the model dtype.
+        x = torch.empty(seq, cfg.hidden_size, dtype=dtype, device=device)
+        for seg in layout.segments:
+            if seg.role == "text":
+                x[seg.start:seg.stop] = self.refine_text(text)
+            elif seg.role in ("video", "cond_video", "ref_video"):
+                lat = video if seg.role == "video" else items[seg.item].video
+                rows = packing.patchify_video(lat.float().to(device))
+                if seg.role != "video" and packing.VIDEO_CONDITION_T < 1.0:
+                    # Visual condition rows are held at a slight noise level (t = 0.999), the same noise every step.
+                    gen = torch.Generator("cpu").manual_seed(int(seed))
+                    noise = torch.randn(rows.shape, generator=gen, dtype=torch.float32).to(device)
+                    aug = packing.VIDEO_CONDITION_T
+                    rows = aug * rows + (1.0 - aug) * noise
+                x[seg.start:seg.stop] = self._proj(self.video_patch_proj, rows).to(dtype)
+            else:
+                lat = audio if seg.role == "audio" else items[seg.item].audio
+                rows = packing.pack_audio(lat.float().to(device))
+                x[seg.start:seg.stop] = self._proj(self.audio_patch_proj, rows).to(dtype)
+
+        rope = self.rope_tables(layout.positions, device)
+        for block in self.blocks:
+            x = block(x, t_emb, mod, rope)
+
+        vs, as_ = layout.segment("video"), layout.segment("audio")
+        v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), "video")
+        a = self.final_layer(x[as_.start:as_.stop], t_emb, t_index[as_.start:as_.stop].to(device), "audio")
+        video_v = packing.unpatchify_video(v, lt, lh // 2, lw // 2, cfg.video_channels)
+        audio_v = packing.unpack_audio(a)
+        return video_v, audio_v
+
+    @staticmethod
+    def _proj(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        return layer(rows.to(layer.weight.dtype))

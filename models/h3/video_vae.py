@@ -1,0 +1,523 @@
+"""The H3 video VAE: a causal 3-D convolutional encoder (f16, t4, 24 channels) and a transformer decoder.
+
+Encoder: clips of 17 frames, each padded at its end with its last frame, give 5 latents each (the clip's
+first frame, then one latent per 4 frames); the last 3 latents of the whole sequence are dropped, so
+17n+5 frames give 5n+2 latents. Every convolution pads with zeros only in front in time and by
+reflection in space, and GroupNorm statistics are per frame, so latent 0 depends only on frame 0.
+
+Decoder: a ViT over latent tokens (each token -> 4 frames x 16 x 16 pixels) that decodes in overlapping
+temporal chunks of 7 tokens (a 17-frame clip plus the 2 tokens that start the next one, whose 5 frames
+are blended linearly with the next chunk) and in spatial tiles of 256 pixels overlapping by at least 64
+(the window it was trained on), written straight into one preallocated output canvas.
+
+Latents are normalised with per-channel `latents_mean` / `latents_std` stored with the weights. Pixels
+are ImageNet-normalised on the way in and out. Parameter names are the original checkpoint's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.h3 import tiling
+from models.h3.latents import pixel_frames
+from models.h3.layers import FrameGroupNorm, attention, compute_device, op, rms_norm, rope_split_half
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class VideoVAEConfig:
+    """Shape of the H3 video VAE. Defaults are the released model's."""
+    image_channels: int = 3
+    latent_channels: int = 24
+    base_channels: int = 128                                   # encoder width at full resolution
+    channel_mult: tuple[int, ...] = (1, 2, 2, 4, 4, 8)         # encoder width per level (x base_channels)
+    res_blocks: tuple[int, ...] = (2, 2, 2, 2, 2, 2)           # residual blocks per encoder level
+    space_down: tuple[int, ...] = (2, 2, 2, 2, 1, 1)           # spatial stride after each level (16 in all)
+    time_down: tuple[int, ...] = (1, 2, 2, 1, 1, 1)            # temporal stride after each level (4 in all)
+    norm_groups: int = 32                                      # GroupNorm groups (fewer when a layer is narrower)
+    decoder_layers: int = 36
+    decoder_head_dim: int = 64                                 # decoder width = heads * 64 (2048)
+    decoder_heads: int = 32
+    decoder_ffn_mult: int = 4                                  # gated SiLU FFN width = 4 * decoder width
+    decoder_rope_ratio: float = 0.75                           # share of each head's dims rotated (3 axes)
+    decoder_rope_theta: float = 100.0
+    register_tokens: int = 4
+    decoder_eps: float = 1e-5
+    clip_frames: int = 17                                      # pixel frames per causal clip
+    dropped_latents: int = 3                                   # latents dropped at the end of the sequence
+    tile_size: int = 256                                       # decoder window, pixels
+    tile_overlap: int = 64                                     # minimum overlap between windows, pixels
+
+    @property
+    def spatial_ratio(self) -> int:
+        """Pixels per latent pixel (16)."""
+        return math.prod(self.space_down)
+
+    @property
+    def time_ratio(self) -> int:
+        """Pixel frames per latent token in the decoder (4)."""
+        return math.prod(self.time_down)
+
+    @property
+    def decoder_dim(self) -> int:
+        """Decoder width."""
+        return self.decoder_heads * self.decoder_head_dim
+
+
+TINY_CONFIG = VideoVAEConfig(base_channels=8, channel_mult=(1, 1, 2, 2, 4, 4), res_blocks=(1, 1, 1, 1, 1, 1),
+                             decoder_layers=2, decoder_heads=1)
+
+
+def _norm(groups: int, channels: int) -> FrameGroupNorm:
+    # The released model's layers are all multiples of 32 channels wide; narrower (tiny) layers use one group per channel.
+    return FrameGroupNorm(min(groups, channels), channels, eps=1e-6)
+
+
+class StridedCausalConv3d(op("Conv3d")):
+    """A strided causal conv (parameters as nn.Conv3d): zeros in front in time; spatial stride 2 pads one
+    row and column at the far side by reflection, as the released encoder's downsampling does."""
+
+    def __init__(self, channels: int, time_stride: int, space_stride: int):
+        super().__init__(channels, channels, kernel_size=3, stride=(time_stride, space_stride, space_stride), padding=0)
+        self.front = 2                                                   # causal: kernel_t - 1 zero frames in front
+        self.spatial_pad = (0, 1, 0, 1) if space_stride == 2 else (1, 1, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        pl, pr, pt, pb = self.spatial_pad
+        x = F.pad(x.reshape(b, c * t, h, w), self.spatial_pad, mode="reflect").reshape(b, c, t, h + pt + pb, w + pl + pr)
+        return super().forward(F.pad(x, (0, 0, 0, 0, self.front, 0)))
+
+
+def _causal_conv(in_channels: int, out_channels: int, kernel: int) -> nn.Module:
+    # models/ops.CausalConv3d: zero padding in front in time, reflect padding in space, and an optional fused
+    # per-frame GroupNorm + SiLU before and residual after the convolution.
+    return op("CausalConv3d")(in_channels, out_channels, kernel)
+
+
+class ResnetBlock3D(nn.Module):
+    """GroupNorm-SiLU-conv twice, with a 1x1x1 shortcut when the width changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, groups: int):
+        super().__init__()
+        self.norm1 = _norm(groups, in_channels)
+        self.conv1 = _causal_conv(in_channels, out_channels, 3)
+        self.norm2 = _norm(groups, out_channels)
+        self.conv2 = _causal_conv(out_channels, out_channels, 3)
+        if in_channels != out_channels:
+            self.nin_shortcut = _causal_conv(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(x, norm=self.norm1, silu=True)
+        shortcut = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
+        return self.conv2(h, norm=self.norm2, silu=True, residual=shortcut)
+
+
+class Downsample3D(nn.Module):
+    """Strided causal conv (f2 in space, f1 or f2 in time)."""
+
+    def __init__(self, channels: int, time_stride: int, space_stride: int):
+        super().__init__()
+        self.conv = StridedCausalConv3d(channels, time_stride, space_stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Encoder3D(nn.Module):
+    """Causal convolutional encoder: (B, 3, T, H, W) -> moments (B, 2 * latent, T', H/16, W/16)."""
+
+    def __init__(self, cfg: VideoVAEConfig):
+        super().__init__()
+        widths = [cfg.base_channels * m for m in cfg.channel_mult]
+        self.conv_in = _causal_conv(cfg.image_channels, widths[0], 3)
+        self.down = nn.ModuleList()
+        prev = widths[0]
+        for level, width in enumerate(widths):
+            stage = nn.Module()
+            stage.block = nn.ModuleList()
+            for k in range(cfg.res_blocks[level]):
+                stage.block.append(ResnetBlock3D(prev if k == 0 else width, width, cfg.norm_groups))
+                prev = width
+            if cfg.space_down[level] * cfg.time_down[level] > 1:
+                stage.downsample = Downsample3D(width, cfg.time_down[level], cfg.space_down[level])
+            self.down.append(stage)
+        self.norm_out = _norm(cfg.norm_groups, widths[-1])
+        self.conv_out = _causal_conv(widths[-1], 2 * cfg.latent_channels, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for stage in self.down:
+            for block in stage.block:
+                h = block(h)
+            if hasattr(stage, "downsample"):
+                h = stage.downsample(h)
+        return self.conv_out(h, norm=self.norm_out, silu=True)
+
+
+class DecoderAttention(nn.Module):
+    """Fused qkv (per-head interleaved q|k|v), non-affine q/k RMSNorm, partial 3-axis RoPE."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.head_dim, self.eps = heads, head_dim, eps
+        dim = heads * head_dim
+        self.to_qkv = op("Linear")(dim, 3 * dim, bias=True)
+        self.to_out = op("Linear")(dim, dim, bias=True)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], norm: nn.Module,
+                scale: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        qkv = self.to_qkv(x, prologue="rms_norm", prologue_weight=norm, eps=self.eps)
+        q, k, v = qkv.view(b, s, self.heads, 3 * self.head_dim).chunk(3, dim=-1)  # each (B, S, H, D)
+        q = rope_split_half(rms_norm(q, None, self.eps), *rope)
+        k = rope_split_half(rms_norm(k, None, self.eps), *rope)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)
+        out = torch.nan_to_num(out.transpose(1, 2).reshape(b, s, -1))
+        return self.to_out(out, residual=x, residual_scale=scale.to(x.dtype))
+
+
+class DecoderFeedForward(nn.Module):
+    """Gated SiLU FFN; w1 holds gate and value halves."""
+
+    def __init__(self, dim: int, mult: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.w1 = op("Linear")(dim, 2 * mult * dim, bias=True)
+        self.w2 = op("Linear")(mult * dim, dim, bias=True)
+
+    def forward(self, x: torch.Tensor, norm: nn.Module, scale: torch.Tensor) -> torch.Tensor:
+        h = self.w1(x, prologue="rms_norm", prologue_weight=norm, eps=self.eps)
+        return self.w2(h, prologue="swiglu", residual=x, residual_scale=scale.to(x.dtype))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm attention and FFN with learned per-channel residual scales."""
+
+    def __init__(self, cfg: VideoVAEConfig):
+        super().__init__()
+        dim = cfg.decoder_dim
+        self.norm1 = op("RMSNorm")(dim, eps=cfg.decoder_eps)
+        self.attn = DecoderAttention(cfg.decoder_heads, cfg.decoder_head_dim, cfg.decoder_eps)
+        self.scale1 = nn.Parameter(torch.ones(dim))
+        self.norm2 = op("RMSNorm")(dim, eps=cfg.decoder_eps)
+        self.ff = DecoderFeedForward(dim, cfg.decoder_ffn_mult, cfg.decoder_eps)
+        self.scale2 = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = self.attn(x, rope, self.norm1, self.scale1)
+        return self.ff(x, self.norm2, self.scale2)
+
+
+class ViTDecoder(nn.Module):
+    """Latent tokens (B, C, t, h, w) -> raw pixels (B, 3, 4t, 16h, 16w) (ImageNet-normalised)."""
+
+    def __init__(self, cfg: VideoVAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.decoder_dim
+        self.x_embedder = op("Linear")(cfg.latent_channels, dim, bias=True)
+        self.register_tokens = nn.Parameter(torch.zeros(1, cfg.register_tokens, dim))
+        self.register_buffer("mask_token", torch.zeros(1, 1, dim))  # unused at inference; part of the checkpoint
+        self.transformer_blocks = nn.ModuleList([DecoderBlock(cfg) for _ in range(cfg.decoder_layers)])
+        self.norm_out = op("LayerNorm")(dim, eps=cfg.decoder_eps)
+        self.proj_out = op("Linear")(dim, cfg.image_channels * cfg.time_ratio * cfg.spatial_ratio ** 2, bias=True)
+        self.make_buffers()
+
+    def make_buffers(self) -> None:
+        """(Re)compute the non-persistent RoPE frequencies (called again after meta-device loading)."""
+        rope_dim = int(self.cfg.decoder_head_dim * self.cfg.decoder_rope_ratio)
+        step = 2 * 3 / rope_dim
+        inv = 1.0 / self.cfg.decoder_rope_theta ** torch.arange(0, 1, step, dtype=torch.float32)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def rope(self, t: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (S, 3 * freqs) for t*h*w tokens at centred [-1, 1] coordinates plus the suffix tokens at 0."""
+        axes = [(torch.arange(n, dtype=torch.float32, device=device) + 0.5) / n * 2.0 - 1.0 for n in (t, h, w)]
+        ids = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
+        ids = torch.cat([ids, torch.zeros(self.cfg.register_tokens + 1, 3, device=device)])
+        angles = (2.0 * math.pi * ids[:, :, None] * self.inv_freq.to(device)).flatten(1)  # (S, 3 * F)
+        return torch.cos(angles), torch.sin(angles)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, _, t, h, w = z.shape
+        dtype = self.x_embedder.weight.dtype
+        x = self.x_embedder(z.flatten(2).transpose(1, 2).to(dtype))  # (B, N, dim)
+        n = x.shape[1]
+        x = torch.cat([x, self.register_tokens.to(dtype).expand(b, -1, -1), torch.zeros_like(x[:, :1])], dim=1)
+        rope = self.rope(t, h, w, z.device)
+        for block in self.transformer_blocks:
+            x = block(x, rope)
+        out = self.proj_out(self.norm_out(x[:, :n]))
+        pt, ps = cfg.time_ratio, cfg.spatial_ratio
+        out = out.view(b, t, h, w, cfg.image_channels, pt, ps, ps).permute(0, 4, 1, 5, 2, 6, 3, 7)
+        return out.reshape(b, cfg.image_channels, t * pt, h * ps, w * ps)
+
+
+def _free_bytes() -> int:
+    # The memory manager decides what is free on the compute device; before it exists, the host's free RAM.
+    try:
+        from models import memory
+        return int(memory.free_bytes())
+    except (ImportError, AttributeError):
+        import psutil
+        return int(psutil.virtual_memory().available)
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+class VideoVAE(nn.Module):
+    """Encode frames to normalised H3 video latents and decode them back (see module docstring)."""
+
+    MAX_TILE_BATCH = 4
+
+    def __init__(self, config: VideoVAEConfig | None = None):
+        super().__init__()
+        cfg = self.config = config or VideoVAEConfig()
+        self.encoder = Encoder3D(cfg)
+        self.quant_conv = op("Conv3d")(2 * cfg.latent_channels, 2 * cfg.latent_channels, 1)
+        self.post_quant_conv = op("Conv3d")(cfg.latent_channels, cfg.latent_channels, 1)
+        self.decoder = ViTDecoder(cfg)
+        self.register_buffer("latents_mean", torch.zeros(cfg.latent_channels))
+        self.register_buffer("latents_std", torch.ones(cfg.latent_channels))
+        # A VAE fine-tuned to decode a lone latent frame directly (metadata flag h3_t1_direct).
+        self.t1_direct = False
+        self.make_buffers()
+
+    def make_buffers(self) -> None:
+        """(Re)compute the non-persistent pixel statistics."""
+        self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1, 1), persistent=False)
+
+    # Encoding -----------------------------------------------------------------------------------
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Frames (T, H, W, 3) or (B, T, H, W, 3) in [0, 1] -> normalised latents (B, 24, T', H/16, W/16)."""
+        cfg = self.config
+        x = images if images.dim() == 5 else images.unsqueeze(0)
+        if x.dim() != 5 or x.shape[-1] != 3:
+            raise ValueError(f"video VAE encode expects frames (T, H, W, 3) or (B, T, H, W, 3), got {tuple(images.shape)}")
+        ratio = cfg.spatial_ratio
+        if x.shape[2] % ratio or x.shape[3] % ratio or x.shape[2] < 2 * ratio or x.shape[3] < 2 * ratio:
+            raise ValueError(f"video VAE encode needs frame sizes that are multiples of {ratio} and at least "
+                             f"{2 * ratio}; got {x.shape[3]}x{x.shape[2]}")
+        with torch.no_grad():
+            device = compute_device(self)
+            x = x.to(device=device, dtype=torch.float32).permute(0, 4, 1, 2, 3)  # (B, 3, T, H, W)
+            x = (x - self.pixel_mean) / self.pixel_std
+            frames = x.shape[2]
+            if frames == 1:
+                moments = self._encode_tiled(x)
+            else:
+                clips = []
+                for start in range(0, frames, cfg.clip_frames):
+                    clip = x[:, :, start:start + cfg.clip_frames]
+                    if clip.shape[2] < cfg.clip_frames:
+                        # The last clip is completed by repeating its last frame.
+                        clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, cfg.clip_frames - clip.shape[2], -1, -1)], 2)
+                    clips.append(self._encode_tiled(clip))
+                moments = torch.cat(clips, dim=2)
+                if cfg.dropped_latents:
+                    moments = moments[:, :, :-cfg.dropped_latents]
+            mean = moments[:, :cfg.latent_channels].float()
+            return (mean - self.latents_mean.view(1, -1, 1, 1, 1).float()) / self.latents_std.view(1, -1, 1, 1, 1).float()
+
+    def _encode_moments(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.quant_conv.weight.dtype
+        return self.quant_conv(self.encoder(x.to(dtype))).float()
+
+    def _encode_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        ratio = cfg.spatial_ratio
+        ph = tiling.plan_tiles(x.shape[3], cfg.tile_size, cfg.tile_overlap, ratio)
+        pw = tiling.plan_tiles(x.shape[4], cfg.tile_size, cfg.tile_overlap, ratio)
+        if len(ph.starts) == 1 and len(pw.starts) == 1:
+            return self._encode_moments(x)
+        lh, lw = ph.scaled(1 / ratio), pw.scaled(1 / ratio)
+        out = None
+        for i, y0 in enumerate(ph.starts):
+            for j, x0 in enumerate(pw.starts):
+                tile = self._encode_moments(x[..., y0:y0 + ph.size, x0:x0 + pw.size])
+                if out is None:
+                    out = torch.zeros(*tile.shape[:3], lh.length, lw.length, dtype=tile.dtype, device=tile.device)
+                weight = tiling.blend_weights_2d(lh, lw, i, j).to(tile.device)
+                out[..., lh.starts[i]:lh.starts[i] + lh.size, lw.starts[j]:lw.starts[j] + lw.size] += tile * weight
+        return tiling.normalise(out, lh, lw)
+
+    # Decoding -----------------------------------------------------------------------------------
+
+    def decode(self, latents: torch.Tensor, *, tile_batch: int | None = None, tile_size: int | None = None,
+               tile_overlap: int | None = None) -> torch.Tensor:
+        """Normalised latents (B, 24, T', h, w) -> frames (B, T, 16h, 16w, 3) in [0, 1], float32 on the CPU.
+
+        T = 17n+5 for T' = 5n+2; a lone latent frame (T' = 1) gives one image (see decode_single).
+        tile_batch: spatial tiles per decoder call (None: chosen from free device memory, at most 4).
+        """
+        cfg = self.config
+        if latents.dim() != 5 or latents.shape[1] != cfg.latent_channels:
+            raise ValueError(f"video VAE decode expects latents (B, {cfg.latent_channels}, T, H, W), got {tuple(latents.shape)}")
+        tile_size = tile_size or cfg.tile_size
+        tile_overlap = cfg.tile_overlap if tile_overlap is None else tile_overlap
+        with torch.no_grad():
+            z = self._denormalise(latents)
+            if z.shape[2] == 1:
+                return self._decode_single(z, tile_batch, tile_size, tile_overlap)
+            b, _, t, h, w = z.shape
+            ratio = cfg.spatial_ratio
+            canvas = torch.empty(b, pixel_frames(t), h * ratio, w * ratio, 3, dtype=torch.float32)
+            self._decode_temporal(z, canvas, tile_batch, tile_size, tile_overlap)
+            return canvas
+
+    def _denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        device = compute_device(self)
+        z = latents.to(device=device, dtype=torch.float32)
+        return z * self.latents_std.view(1, -1, 1, 1, 1).float() + self.latents_mean.view(1, -1, 1, 1, 1).float()
+
+    def _finalise_into(self, canvas: torch.Tensor, start: int, raw: torch.Tensor) -> None:
+        # raw (B, 3, F, H, W) ImageNet-normalised -> [0, 1], written channel-last into canvas frames start..
+        frames = min(raw.shape[2], canvas.shape[1] - start)
+        if frames <= 0:
+            return
+        part = raw[:, :, :frames].float() * self.pixel_std.float().to(raw.device) + self.pixel_mean.float().to(raw.device)
+        canvas[:, start:start + frames].copy_(part.clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1))
+
+    def _temporal_plan(self, z_len: int) -> tuple[int, int, int, int, int, int]:
+        """(pad_tokens, chunks, chunk_tokens, overlap_tokens, pre_pad_frames, overlap_frames) for z_len latents."""
+        cfg = self.config
+        rt = cfg.time_ratio
+        chunk_tokens = math.ceil(cfg.clip_frames / rt)                # 5 latents per clip
+        pre_pad = (-cfg.clip_frames) % rt                             # 3 padding frames decoded before a clip's first frame
+        overlap_tokens = (-cfg.dropped_latents) % chunk_tokens        # 2 tokens that start the next clip
+        overlap_frames = max(overlap_tokens * rt - pre_pad, 0)        # 5 frames blended between chunks
+        # Pad with the last latent until the chunks tile the sequence (the canvas keeps only the real frames).
+        total = z_len + cfg.dropped_latents
+        pad = (-total) % chunk_tokens
+        chunks = (total + pad) // chunk_tokens - int(cfg.dropped_latents > 0)
+        if chunks < 1:
+            pad += chunk_tokens
+            chunks += 1
+        return pad, chunks, chunk_tokens, overlap_tokens, pre_pad, overlap_frames
+
+    def _decode_temporal(self, z: torch.Tensor, canvas: torch.Tensor, tile_batch: int | None, tile_size: int,
+                         tile_overlap: int) -> None:
+        cfg = self.config
+        rt = cfg.time_ratio
+        pad, chunks, chunk_tokens, overlap_tokens, pre_pad, overlap_frames = self._temporal_plan(z.shape[2])
+        if pad:
+            z = torch.cat([z, z[:, :, -1:].expand(-1, -1, pad, -1, -1)], dim=2)
+        clip_frames_out = chunk_tokens * rt
+        carry = None
+        write = 0
+        for i in range(chunks):
+            clip = z[:, :, i * chunk_tokens:i * chunk_tokens + chunk_tokens + overlap_tokens]
+            raw = self._decode_window(clip, tile_batch, tile_size, tile_overlap)   # (B, 3, 4 * tokens, H, W)
+            main = raw[:, :, pre_pad:clip_frames_out]
+            if carry is not None:
+                n = min(overlap_frames, carry.shape[2], main.shape[2])
+                ramp = (torch.arange(n, dtype=main.dtype, device=main.device) / overlap_frames).view(1, 1, n, 1, 1)
+                main[:, :, :n] = carry[:, :, :n] * (1.0 - ramp) + main[:, :, :n] * ramp
+                carry = None
+            self._finalise_into(canvas, write, main)
+            write += main.shape[2]
+            if cfg.dropped_latents > 0 and raw.shape[2] > clip_frames_out:
+                carry = raw[:, :, clip_frames_out + pre_pad:]
+            del raw
+        if carry is not None:
+            self._finalise_into(canvas, write, carry)
+
+    def _decode_single(self, z: torch.Tensor, tile_batch: int | None, tile_size: int, tile_overlap: int) -> torch.Tensor:
+        # A lone latent means "clip start". The decoder needs temporal context, so unless the VAE was
+        # fine-tuned for lone latents (h3_t1_direct), repeat it into a 2-latent clip and keep the clip's first
+        # valid frame; the frame is selected per tile before blending, so the canvas holds one frame.
+        cfg = self.config
+        pre_pad = (-cfg.clip_frames) % cfg.time_ratio
+        b, _, _, h, w = z.shape
+        ratio = cfg.spatial_ratio
+        canvas = torch.empty(b, 1, h * ratio, w * ratio, 3, dtype=torch.float32)
+        if self.t1_direct:
+            raw = self._decode_window(z, tile_batch, tile_size, tile_overlap, keep_frames=slice(-1, None))
+        else:
+            # Exactly the first frame that decoding the 2-latent clip gives: its first chunk is the clip padded
+            # with its last latent, i.e. the lone latent repeated.
+            pad, _, chunk_tokens, overlap_tokens, _, _ = self._temporal_plan(2)
+            tokens = min(2 + pad, chunk_tokens + overlap_tokens)
+            clip = z.expand(-1, -1, tokens, -1, -1)
+            raw = self._decode_window(clip, tile_batch, tile_size, tile_overlap, keep_frames=slice(pre_pad, pre_pad + 1))
+        self._finalise_into(canvas, 0, raw)
+        return canvas
+
+    def _decode_window(self, z: torch.Tensor, tile_batch: int | None, tile_size: int, tile_overlap: int,
+                       keep_frames: slice | None = None) -> torch.Tensor:
+        """Decode one temporal window in spatial tiles, batched, blended into one (B, 3, F, H, W) buffer."""
+        cfg = self.config
+        ratio = cfg.spatial_ratio
+        b, _, t, h, w = z.shape
+        if tile_size % ratio or tile_overlap % ratio:
+            raise ValueError(f"tile_size {tile_size} and overlap {tile_overlap} must be multiples of {ratio} pixels")
+        plan_h = tiling.plan_tiles(h, tile_size // ratio, tile_overlap // ratio, 1)
+        plan_w = tiling.plan_tiles(w, tile_size // ratio, tile_overlap // ratio, 1)
+        pix_h, pix_w = plan_h.scaled(ratio), plan_w.scaled(ratio)
+        tiles = [(i, j) for i in range(len(plan_h.starts)) for j in range(len(plan_w.starts))]
+        frames = t * cfg.time_ratio
+        if keep_frames is not None:
+            frames = len(range(frames)[keep_frames])
+        out = None
+        single = len(tiles) == 1
+        batch = tile_batch or self.auto_tile_batch(t, plan_h.size, plan_w.size, b)
+        batch = max(1, min(batch, self.MAX_TILE_BATCH, len(tiles)))
+        k = 0
+        while k < len(tiles):
+            group = tiles[k:k + batch]
+            parts = [z[..., plan_h.starts[i]:plan_h.starts[i] + plan_h.size, plan_w.starts[j]:plan_w.starts[j] + plan_w.size]
+                     for i, j in group]
+            try:
+                decoded = self._decode_pixels(torch.cat(parts) if len(parts) > 1 else parts[0])
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                # Out of memory: retry this group with a smaller tile batch instead of failing the job.
+                if not _is_oom(err) or batch == 1:
+                    raise
+                batch = max(1, batch // 2)
+                self.last_tile_batch_fallbacks = getattr(self, "last_tile_batch_fallbacks", 0) + 1
+                continue
+            if keep_frames is not None:
+                decoded = decoded[:, :, keep_frames]
+            if single:
+                return decoded
+            for n, (i, j) in enumerate(group):
+                tile = decoded[n * b:(n + 1) * b]
+                if out is None:
+                    out = torch.zeros(b, tile.shape[1], frames, pix_h.length, pix_w.length, dtype=torch.float32,
+                                      device=tile.device)
+                weight = tiling.blend_weights_2d(pix_h, pix_w, i, j).to(tile.device)
+                y0, x0 = pix_h.starts[i], pix_w.starts[j]
+                out[..., y0:y0 + pix_h.size, x0:x0 + pix_w.size] += tile.float() * weight
+            k += len(group)
+        self.last_tile_batch = batch
+        return tiling.normalise(out, pix_h, pix_w)
+
+    def _decode_pixels(self, z: torch.Tensor) -> torch.Tensor:
+        dtype = self.post_quant_conv.weight.dtype
+        return self.decoder(self.post_quant_conv(z.to(dtype))).float()
+
+    def tile_cost_bytes(self, tokens_t: int, tile_h: int, tile_w: int) -> int:
+        """Estimated activation bytes of decoding one tile of tokens_t x tile_h x tile_w latent tokens."""
+        cfg = self.config
+        tokens = tokens_t * tile_h * tile_w + cfg.register_tokens + 1
+        elem = torch.finfo(self.post_quant_conv.weight.dtype).bits // 8
+        width = cfg.decoder_dim * (3 + 2 * cfg.decoder_ffn_mult + 2)     # qkv, FFN halves, residual streams
+        pixels = tokens_t * cfg.time_ratio * (tile_h * tile_w * cfg.spatial_ratio ** 2) * cfg.image_channels * 4 * 3
+        return int(tokens * width * elem + pixels)
+
+    def auto_tile_batch(self, tokens_t: int, tile_h: int, tile_w: int, batch: int = 1) -> int:
+        """Tiles per decoder call that fit in half the free device memory (1 to 4)."""
+        cost = max(1, self.tile_cost_bytes(tokens_t, tile_h, tile_w) * batch)
+        return int(max(1, min(self.MAX_TILE_BATCH, (_free_bytes() // 2) // cost)))

@@ -1,0 +1,334 @@
+"""Safetensors loading, checkpoint detection by keys, and config recovery from tensor shapes.
+
+Only `.safetensors` files are read (never pickle). Headers are read without loading tensors; weights
+are read one by one through `safe_open` (memory-mapped) into a model built on the meta device, so a
+large checkpoint never exists twice in memory. Every expected tensor's shape is checked and a mismatch
+names the key. Refusals say what was found and what is supported.
+
+Architectures (detected by keys, optionally under a prefix such as `model.diffusion_model.`):
+- h3_transformer: `video_patch_proj.weight` + `audio_patch_proj.weight`
+- h3_video_vae: `encoder.conv_in.weight` + `decoder.x_embedder.weight`
+- h3_audio_vae: `pre_block.attn.qkv.weight` + `decoder.conv_pre.weight`
+- h3_text_encoder: `embed_tokens.weight` + `layers.0.attn.qkv_proj.weight`
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+SUPPORTED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+FLOAT8 = ("F8_E4M3", "F8_E5M2")
+# Key suffixes that only quantised formats carry (scales, zero points, packed blocks).
+QUANT_KEY_MARKERS = ("weight_scale", "scale_weight", "input_scale", "weight_scale_2", ".absmax", ".quant_map",
+                     ".qweight", ".qzeros", ".scales", "comfy_quant", ".quant_state", "weight_global_scale")
+ARCHITECTURES = {
+    "h3_transformer": ("video_patch_proj.weight", "audio_patch_proj.weight"),
+    "h3_video_vae": ("encoder.conv_in.weight", "decoder.x_embedder.weight"),
+    "h3_audio_vae": ("pre_block.attn.qkv.weight", "decoder.conv_pre.weight"),
+    "h3_text_encoder": ("embed_tokens.weight", "layers.0.attn.qkv_proj.weight"),
+}
+SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 video VAE, H3 audio VAE, "
+                  "H3 text encoder; as .safetensors in float32, float16, bfloat16 or unscaled float8")
+# Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
+IGNORED_KEYS = {
+    "h3_audio_vae": re.compile(r".*\.(filter|upsample\.filter|downsample\.lowpass\.filter)$"),
+    "h3_video_vae": re.compile(r"^(decoder\.pos_embed\.inv_freq|pixel_mean|pixel_std)$"),
+}
+
+
+@dataclass
+class TensorInfo:
+    """A tensor's entry in a safetensors header."""
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Header:
+    """A safetensors header: metadata and tensor entries, read without loading data."""
+    path: str
+    metadata: dict[str, str]
+    tensors: dict[str, TensorInfo]
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model: its architecture name, module, recovered config and the file's metadata."""
+    kind: str
+    model: nn.Module
+    config: object
+    metadata: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+
+# Reading -----------------------------------------------------------------------------------------
+
+def _refuse_non_safetensors(path: str) -> None:
+    with open(path, "rb") as f:
+        head = f.read(16)
+    name = os.path.basename(path)
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        raise ValueError(f"{name} is a pickle / PyTorch checkpoint ({'zip archive' if head[:2] == b'PK' else 'pickle stream'}); "
+                         "Weft loads only .safetensors files, which cannot run code. Convert it to safetensors first.")
+    if head[:4] == b"GGUF":
+        raise ValueError(f"{name} is a GGUF file; Weft loads only .safetensors ({SUPPORTED_TEXT})")
+    if len(head) < 8:
+        raise ValueError(f"{name} is too short to be a safetensors file ({len(head)} bytes)")
+    header_len = struct.unpack("<Q", head[:8])[0]
+    if header_len <= 0 or header_len > os.path.getsize(path) - 8 or head[8:9] != b"{":
+        raise ValueError(f"{name} is not a safetensors file (no JSON header); Weft loads only .safetensors files")
+
+
+def read_header(path: str) -> Header:
+    """The metadata and tensor entries (dtype, shape) of a safetensors file, without reading tensor data."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"model file not found: {path}")
+    _refuse_non_safetensors(path)
+    with open(path, "rb") as f:
+        header_len = struct.unpack("<Q", f.read(8))[0]
+        raw = json.loads(f.read(header_len))
+    metadata = raw.pop("__metadata__", None) or {}
+    tensors = {k: TensorInfo(v["dtype"], tuple(v["shape"])) for k, v in raw.items()}
+    return Header(path, dict(metadata), tensors)
+
+
+def load_state_dict(path: str, *, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file (all, or `keys`), read through safe_open. Refuses pickle files."""
+    from safetensors import safe_open
+    read_header(path)
+    out = {}
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for key in (keys if keys is not None else f.keys()):
+            out[key] = f.get_tensor(key)
+    return out
+
+
+# Detection ---------------------------------------------------------------------------------------
+
+def detect(header: Header) -> tuple[str, str]:
+    """(architecture, key prefix) of a checkpoint, recognised by its marker keys; ValueError when unknown."""
+    for kind, (first, second) in ARCHITECTURES.items():
+        for key in header.tensors:
+            if key.endswith(first):
+                prefix = key[:-len(first)]
+                if prefix + second in header.tensors and (not prefix or prefix.endswith(".")):
+                    return kind, prefix
+    sample = ", ".join(sorted(header.tensors)[:6]) or "no tensors"
+    raise ValueError(f"{os.path.basename(header.path)}: unknown architecture (first keys: {sample}); "
+                     f"supported: {SUPPORTED_TEXT}")
+
+
+def _check_quantisation(header: Header, keys: list[str]) -> None:
+    name = os.path.basename(header.path)
+    for key in keys:
+        if any(marker in key for marker in QUANT_KEY_MARKERS):
+            raise ValueError(f"{name} is quantised (found key {key!r}); quantised formats with scales (int8, "
+                             f"scaled fp8, nvfp4, bitsandbytes, GPTQ) are not supported; supported: {SUPPORTED_TEXT}")
+        dtype = header.tensors[key].dtype
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: tensor {key!r} has dtype {dtype}, which is not supported (quantised "
+                             f"or integer weights); supported dtypes: {', '.join(SUPPORTED_DTYPES)}")
+
+
+# Config recovery ---------------------------------------------------------------------------------
+
+def _count(shapes: dict[str, tuple], pattern: str) -> int:
+    rx = re.compile(pattern)
+    found = {int(m.group(1)) for k in shapes for m in [rx.match(k)] if m}
+    return max(found) + 1 if found else 0
+
+
+def _need(shapes: dict[str, tuple], key: str, what: str) -> tuple[int, ...]:
+    if key not in shapes:
+        raise ValueError(f"{what} checkpoint lacks {key!r}")
+    return shapes[key]
+
+
+def transformer_config(shapes: dict[str, tuple]):
+    """H3TransformerConfig recovered from (unprefixed) tensor shapes."""
+    from models.h3.transformer import H3TransformerConfig
+    what = "H3 transformer"
+    hidden, patch_dim = _need(shapes, "video_patch_proj.weight", what)
+    _, audio_ch = _need(shapes, "audio_patch_proj.weight", what)
+    _, text_dim = _need(shapes, "condition_proj.weight", what)
+    head_dim = _need(shapes, "blocks.0.attn.q_norm.weight", what)[0]
+    inner = _need(shapes, "blocks.0.attn.qkv_proj.weight", what)[0] // 3
+    ffn = _need(shapes, "blocks.0.mlp.fc2.weight", what)[1]
+    rope_n = _need(shapes, "rope.inv_freq", what)[0]
+    if patch_dim % 4:
+        raise ValueError(f"{what}: video_patch_proj takes {patch_dim} values, not a 1x2x2 patch of whole channels")
+    if inner % head_dim:
+        raise ValueError(f"{what}: attention width {inner} is not a multiple of head_dim {head_dim}")
+    curve = None
+    if "adaln_t_table" in shapes:
+        curve, t_embed = shapes["adaln_t_table"]
+        t_freq, t_hidden = H3TransformerConfig.time_freq_dim, H3TransformerConfig.time_hidden_size
+    else:
+        t_hidden, t_freq = _need(shapes, "time_embedder.proj_in.weight", what)
+        t_embed = _need(shapes, "time_embedder.proj_out.weight", what)[0]
+    return H3TransformerConfig(
+        hidden_size=hidden, num_layers=_count(shapes, r"blocks\.(\d+)\."),
+        refiner_layers=_count(shapes, r"token_refiner\.blocks\.(\d+)\."), num_heads=inner // head_dim,
+        head_dim=head_dim, ffn_size=ffn, video_channels=patch_dim // 4, audio_channels=audio_ch, text_dim=text_dim,
+        time_freq_dim=t_freq, time_hidden_size=t_hidden, time_embed_dim=t_embed, rope_freqs_per_axis=rope_n,
+        adaln_curve_points=curve)
+
+
+def video_vae_config(shapes: dict[str, tuple]):
+    """VideoVAEConfig recovered from (unprefixed) tensor shapes."""
+    from models.h3.video_vae import VideoVAEConfig
+    what = "H3 video VAE"
+    default = VideoVAEConfig()
+    base = _need(shapes, "encoder.conv_in.weight", what)[0]
+    levels = _count(shapes, r"encoder\.down\.(\d+)\.")
+    res_blocks = tuple(_count(shapes, rf"encoder\.down\.{i}\.block\.(\d+)\.") for i in range(levels))
+    mult = tuple(_need(shapes, f"encoder.down.{i}.block.0.conv1.weight", what)[0] // base for i in range(levels))
+    has_down = tuple(f"encoder.down.{i}.downsample.conv.weight" in shapes for i in range(levels))
+    expected_down = tuple(s * t > 1 for s, t in zip(default.space_down, default.time_down))
+    if has_down != expected_down:
+        raise ValueError(f"{what}: downsampling at levels {[i for i, d in enumerate(has_down) if d]} does not match the "
+                         f"supported layout (levels {[i for i, d in enumerate(expected_down) if d]}, f16 t4)")
+    dim, latent = _need(shapes, "decoder.x_embedder.weight", what)
+    if dim % default.decoder_head_dim:
+        raise ValueError(f"{what}: decoder width {dim} is not a multiple of the head size {default.decoder_head_dim}")
+    ffn = _need(shapes, "decoder.transformer_blocks.0.ff.w2.weight", what)[1]
+    return replace(default, latent_channels=latent, base_channels=base, channel_mult=mult, res_blocks=res_blocks,
+                   image_channels=_need(shapes, "encoder.conv_in.weight", what)[1],
+                   decoder_layers=_count(shapes, r"decoder\.transformer_blocks\.(\d+)\."),
+                   decoder_heads=dim // default.decoder_head_dim, decoder_ffn_mult=ffn // dim,
+                   register_tokens=_need(shapes, "decoder.register_tokens", what)[1])
+
+
+def audio_vae_config(shapes: dict[str, tuple]):
+    """AudioVAEConfig recovered from (unprefixed) tensor shapes."""
+    from models.h3.audio_vae import AudioVAEConfig
+    what = "H3 audio VAE"
+    default = AudioVAEConfig()
+    enc_dim = _need(shapes, "encoder.block.0.weight", what)[0]
+    latent_dim = _need(shapes, "dec_in_proj.weight", what)[0]
+    channels = _need(shapes, "mean_proj.weight", what)[0]
+    decoder_dim = _need(shapes, "decoder.conv_pre.weight", what)[0]
+    stages = _count(shapes, r"decoder\.ups\.(\d+)\.")
+    blocks = _count(shapes, r"decoder\.resblocks\.(\d+)\.")
+    if stages != len(default.upsample_rates) or blocks % stages:
+        raise ValueError(f"{what}: {stages} upsampling stages and {blocks} residual blocks; supported: "
+                         f"{len(default.upsample_rates)} stages (rates {default.upsample_rates}, hop 800)")
+    per_stage = blocks // stages
+    kernels = tuple(_need(shapes, f"decoder.resblocks.{k}.convs1.0.weight", what)[2] for k in range(per_stage))
+    up_kernels = tuple(_need(shapes, f"decoder.ups.{i}.0.weight", what)[2] for i in range(stages))
+    dilations = _count(shapes, r"decoder\.resblocks\.0\.convs1\.(\d+)\.")
+    if not 1 <= dilations <= len(default.resblock_dilations):
+        raise ValueError(f"{what}: residual blocks with {dilations} dilated convs; supported: 1 to "
+                         f"{len(default.resblock_dilations)} (dilations {default.resblock_dilations})")
+    return replace(default, encoder_dim=enc_dim, latent_dim=latent_dim, latent_channels=channels,
+                   decoder_dim=decoder_dim, resblock_kernels=kernels, upsample_kernels=up_kernels,
+                   resblock_dilations=default.resblock_dilations[:dilations])
+
+
+def text_encoder_config(shapes: dict[str, tuple]):
+    """TextEncoderConfig recovered from (unprefixed) tensor shapes."""
+    from models.h3.text_encoder import TextEncoderConfig
+    what = "H3 text encoder"
+    vocab, hidden = _need(shapes, "embed_tokens.weight", what)
+    head_dim = _need(shapes, "layers.0.attn.q_norm.weight", what)[0]
+    inner = _need(shapes, "layers.0.attn.qkv_proj.weight", what)[0] // 3
+    return TextEncoderConfig(vocab_size=vocab, hidden_size=hidden, num_layers=_count(shapes, r"layers\.(\d+)\."),
+                             num_heads=inner // head_dim, head_dim=head_dim,
+                             ffn_size=_need(shapes, "layers.0.mlp.fc2.weight", what)[1])
+
+
+def _builders():
+    from models.h3.audio_vae import AudioVAE
+    from models.h3.text_encoder import TextEncoder
+    from models.h3.transformer import H3Transformer
+    from models.h3.video_vae import VideoVAE
+    return {
+        "h3_transformer": (transformer_config, H3Transformer),
+        "h3_video_vae": (video_vae_config, VideoVAE),
+        "h3_audio_vae": (audio_vae_config, AudioVAE),
+        "h3_text_encoder": (text_encoder_config, TextEncoder),
+    }
+
+
+# Loading -----------------------------------------------------------------------------------------
+
+def _float32_key(kind: str, key: str) -> bool:
+    if kind == "h3_transformer":
+        from models.h3.transformer import FLOAT32_PREFIXES
+        return key.startswith(FLOAT32_PREFIXES)
+    # VAEs and statistics buffers: normalisation statistics stay float32.
+    return key in ("latents_mean", "latents_std")
+
+
+def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype: torch.dtype | None = None,
+               device: torch.device | str = "cpu") -> LoadedModel:
+    """Load an H3 model from a safetensors file: detect it, recover its config, check every shape, fill the weights.
+
+    expect: the architecture(s) the caller accepts (refused otherwise, naming what was found). dtype: the
+    compute dtype of the weights (default: the file's dtype for float formats, float8 upcast to bfloat16);
+    float32 islands (patch projections, time embedding, output heads, latent statistics) stay float32.
+    """
+    from safetensors import safe_open
+    header = read_header(path)
+    name = os.path.basename(header.path)
+    kind, prefix = detect(header)
+    if expect is not None:
+        allowed = (expect,) if isinstance(expect, str) else tuple(expect)
+        if kind not in allowed:
+            raise ValueError(f"{name} is a {kind.replace('_', ' ')} checkpoint, but a {' or '.join(a.replace('_', ' ') for a in allowed)} "
+                             "is needed here")
+    file_keys = {k[len(prefix):]: k for k in header.tensors if k.startswith(prefix)}
+    _check_quantisation(header, list(file_keys.values()))
+    shapes = {k: header.tensors[v].shape for k, v in file_keys.items()}
+    config_fn, cls = _builders()[kind]
+    config = config_fn(shapes)
+
+    with torch.device("meta"):
+        model = cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    ignored = IGNORED_KEYS.get(kind)
+    unexpected = [k for k in file_keys if k not in expected and not (ignored and ignored.match(k))]
+    missing = [k for k in expected if k not in file_keys]
+    if missing:
+        raise ValueError(f"{name}: {kind} checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:5])}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    if unexpected:
+        raise ValueError(f"{name}: unexpected tensor(s) for a {kind} with the recovered config: "
+                         f"{', '.join(prefix + k for k in unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
+    for key, shape in expected.items():
+        found = shapes[key]
+        if tuple(found) != shape:
+            raise ValueError(f"{name}: tensor {prefix + key!r} has shape {list(found)}, expected {list(shape)} "
+                             f"for the recovered {kind} config")
+
+    file_dtypes = {header.tensors[file_keys[k]].dtype for k in expected}
+    if dtype is None:
+        main = max(file_dtypes, key=lambda d: sum(1 for k in expected if header.tensors[file_keys[k]].dtype == d))
+        dtype = torch.bfloat16 if main in FLOAT8 else SUPPORTED_DTYPES[main]
+    state = {}
+    with safe_open(header.path, framework="pt", device="cpu") as f:
+        for key in expected:
+            tensor = f.get_tensor(file_keys[key])
+            target = torch.float32 if _float32_key(kind, key) else dtype
+            state[key] = tensor.to(device=device, dtype=target)
+    model.load_state_dict(state, assign=True)
+    # Non-persistent buffers (RoPE frequencies, resampling filters, pixel statistics) are recomputed.
+    for module in model.modules():
+        if hasattr(module, "make_buffers"):
+            with torch.device(device):
+                module.make_buffers()
+    leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if leftover:
+        raise ValueError(f"{name}: internal error, tensors left unloaded: {', '.join(leftover[:5])}")
+    model.eval().requires_grad_(False)
+    if kind == "h3_video_vae":
+        model.t1_direct = header.metadata.get("h3_t1_direct", "").strip().lower() in ("1", "true", "yes")
+    return LoadedModel(kind, model, config, header.metadata, header.path)

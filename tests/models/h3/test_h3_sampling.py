@@ -1,0 +1,114 @@
+"""Flow-matching schedule, derived audio sigma, Euler and res_multistep, and the sample loop's determinism."""
+import math
+
+import pytest
+import torch
+
+from models.h3.sampling import ResMultistep, convert_sigma, euler_step, sample, shifted_sigma, sigmas
+from models.h3 import empty_latent
+
+
+def test_four_step_schedule_at_shift_12():
+    got = sigmas(4, shift=12.0)
+    assert got.tolist() == pytest.approx([1.0, 0.97297, 0.92308, 0.8, 0.0], abs=1e-4)
+    # Against the formula sigma = s*b / (1 + (s-1)*b) on b = linspace(1, 0, 5).
+    for b, s in zip(torch.linspace(1, 0, 5).tolist(), got.tolist()):
+        assert s == pytest.approx(12 * b / (1 + 11 * b), abs=1e-6)
+
+
+def test_denoise_takes_the_tail_of_a_longer_schedule():
+    full = sigmas(8, shift=3.0)
+    part = sigmas(4, denoise=0.5, shift=3.0)
+    assert part.tolist() == pytest.approx(full[-5:].tolist())
+
+
+def test_audio_sigma_derived_from_video_sigma():
+    b = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0], dtype=torch.float64)
+    video = shifted_sigma(b, 12.0)
+    audio = convert_sigma(video, 12.0, 3.0)
+    assert audio.tolist() == pytest.approx(shifted_sigma(b, 3.0).tolist())
+
+
+def test_one_euler_step_by_hand():
+    x = torch.tensor([0.5, -1.0])
+    v = torch.tensor([2.0, 0.25])
+    # x0 = x + sigma v; Euler from 0.8 to 0.6 moves by (0.8 - 0.6) * v.
+    out = euler_step(x, v, 0.8, 0.6)
+    assert out.tolist() == pytest.approx([0.5 + 0.2 * 2.0, -1.0 + 0.2 * 0.25])
+
+
+def _gaussian_velocity(mu, s):
+    # Data N(mu, s^2), x = (1 - sigma) x0 + sigma eps: the exact velocity toward data, (E[x0 | x] - x) / sigma.
+    def velocity(x, sigma):
+        a = 1.0 - sigma
+        denoised = mu + a * s * s / (a * a * s * s + sigma * sigma) * (x - a * mu)
+        return (denoised - x) / sigma
+    return velocity
+
+
+def _integrate(stepper, sched, x, velocity):
+    for i in range(len(sched) - 1):
+        x = stepper(x, velocity(x, sched[i]), sched[i], sched[i + 1])
+    return x
+
+
+def test_res_multistep_is_a_more_accurate_flow_solver_than_euler():
+    mu, s = 2.0, 0.5
+    velocity = _gaussian_velocity(mu, s)
+    noise = torch.linspace(-2, 2, 9, dtype=torch.float64)
+    exact = mu + s * noise  # the flow ODE maps a Gaussian onto a Gaussian linearly
+    sched = sigmas(20, shift=3.0).double()
+    x_start = noise  # sigma = 1: pure noise
+    euler_err = (_integrate(lambda x, v, a, b: euler_step(x, v, a, b), sched, x_start, velocity) - exact).abs().max()
+    res = ResMultistep()
+    res_err = (_integrate(lambda x, v, a, b: res.step(x, v, a, b), sched, x_start, velocity) - exact).abs().max()
+    # The last step to sigma = 0 is first order for every solver; the multistep update removes the rest.
+    assert res_err < 0.25 * euler_err
+    assert res_err < 3e-2
+
+
+def test_res_multistep_first_and_last_steps_are_euler():
+    x, v = torch.randn(3), torch.randn(3)
+    res = ResMultistep()
+    torch.testing.assert_close(res.step(x, v, torch.tensor(1.0), torch.tensor(0.9)), euler_step(x, v, 1.0, 0.9))
+    x2, v2 = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(res.step(x2, v2, torch.tensor(0.9), torch.tensor(0.0)), x2 + 0.9 * v2)
+
+
+class _LinearModel(torch.nn.Module):
+    """A stand-in transformer: v = -x (so x0 = (1 - sigma) x), recording the sigmas it was called with."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, video, audio, context, sigma_video, sigma_audio, **kwargs):
+        self.calls.append((sigma_video, sigma_audio, kwargs))
+        return -video, -audio
+
+
+def test_sample_is_deterministic_and_drives_audio_on_its_own_schedule():
+    model = _LinearModel()
+    lat = empty_latent(32, 32, 5)
+    cond = [[torch.zeros(1, 3, 8), {}]]
+    steps = []
+    a = sample(model, lat, cond, sigmas(3), 7, callback=lambda i, n, d: steps.append((i, n)))
+    b = sample(model, lat, cond, sigmas(3), 7)
+    c = sample(model, lat, cond, sigmas(3), 8)
+    assert a["samples"].numpy().tobytes() == b["samples"].numpy().tobytes()
+    assert a["audio_samples"].numpy().tobytes() == b["audio_samples"].numpy().tobytes()
+    assert not torch.equal(a["samples"], c["samples"])
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    sv, sa, _ = model.calls[1]
+    assert sa == pytest.approx(convert_sigma(sv, 12.0, 3.0))
+    assert a["frame_rate"] == 24.0 and a["length"] == 5
+
+
+def test_sample_refuses_unknown_sampler_and_several_conditionings():
+    lat = empty_latent(32, 32, 5)
+    cond = [[torch.zeros(1, 3, 8), {}]]
+    with pytest.raises(ValueError, match="unknown sampler"):
+        sample(_LinearModel(), lat, cond, sigmas(2), 0, sampler="dpmpp_9m")
+    with pytest.raises(ValueError, match="one conditioning entry"):
+        sample(_LinearModel(), lat, cond * 2, sigmas(2), 0)
