@@ -337,8 +337,9 @@ class AudioVAE(nn.Module):
         # chunks share `overlap` frames that are cross-faded linearly, written into one output buffer.
         hop = self.config.hop
         n, _, t = z.shape
-        if chunk <= overlap:
-            raise ValueError(f"audio decode chunk ({chunk} frames) must be longer than its overlap ({overlap})")
+        if chunk < 2 * overlap or overlap < 1:
+            raise ValueError(f"audio decode chunk ({chunk} frames) must be at least twice its overlap ({overlap}), "
+                             "and the overlap at least 1 frame")
         out = torch.zeros(n, t * hop, dtype=torch.float32, device=z.device)
         step = chunk - overlap
         starts = list(range(0, max(t - overlap, 1), step))

@@ -114,7 +114,8 @@ def make_noise(latent: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return nv, na
 
 
-def _conditioning(conditioning) -> tuple[torch.Tensor, dict]:
+def split_conditioning(conditioning) -> tuple[torch.Tensor, dict]:
+    """(hidden (B, L, D), extras) of a one-entry CONDITIONING list; ValueError for anything else."""
     if not isinstance(conditioning, (list, tuple)) or not conditioning:
         raise ValueError("conditioning must be a non-empty list of [hidden, extras] entries")
     if len(conditioning) > 1:
@@ -125,6 +126,9 @@ def _conditioning(conditioning) -> tuple[torch.Tensor, dict]:
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
         raise ValueError(f"conditioning hidden states must be (B, L, D), got {getattr(hidden, 'shape', type(hidden).__name__)}")
     return hidden, extras
+
+
+_conditioning = split_conditioning  # the name nodes/sampling.py imported first
 
 
 def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str = "euler",
@@ -154,7 +158,7 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
         return out
     sig_a = convert_sigma(sig_v, video_shift, audio_shift)
 
-    hidden, extras = _conditioning(conditioning)
+    hidden, extras = split_conditioning(conditioning)
     b, _, lt, lh, lw = clean_v.shape
     at = clean_a.shape[-1]
     frames = int(latent.get("length") or 0) or packing.pixel_frames(lt)

@@ -12,7 +12,7 @@ Parameter names are the original checkpoint's, so a real checkpoint loads by nam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

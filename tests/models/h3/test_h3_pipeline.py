@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import models.h3 as h3
-from models.h3 import packing
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,4 @@
 """Flow-matching schedule, derived audio sigma, Euler and res_multistep, and the sample loop's determinism."""
-import math
 
 import pytest
 import torch

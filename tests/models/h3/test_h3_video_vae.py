@@ -1,11 +1,10 @@
 """Video VAE: causal encoder, shapes, temporal chunks, tiled batched decode, single-image decode."""
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from models.h3 import video_vae
-from safetensors.torch import save_file
-
 from models.h3.make_tiny import build_tiny
 from models.loading import load_model
 
