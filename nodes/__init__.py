@@ -1,11 +1,21 @@
 """Nodes: NodeSpec, the registry, the plugin loader and the built-in node packs."""
 import importlib
 
+# ComfyUI's `nodes` module constant, which simple custom-node packs import from here.
+MAX_RESOLUTION = 16384
+
 # Built-in packs, registered in this order. Each module exposes NODES: a list of NodeSpec.
 BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
     "nodes.media",
+    "nodes.loops",
+    "nodes.loaders",
+    "nodes.latent",
+    "nodes.conditioning",
+    "nodes.sampling",
+    "nodes.vae",
+    "nodes.h3",
 )
 
 

@@ -68,3 +68,15 @@ def test_missing_file_and_bad_json_are_reported(tmp_path):
     broken.write_text("{not json")
     bad = run_cli("run", broken, "--base-directory", tmp_path)
     assert bad.returncode != 0 and "not valid JSON" in bad.stdout
+
+
+def test_ui_workflow_with_subgraphs_bypass_and_mute_runs_headless(tmp_path):
+    """A UI file of core nodes with nested subgraphs, a bypassed instance and a muted node."""
+    done = run_cli("run", "tests/execution/ui_workflows/core_subgraph.json", "--base-directory", tmp_path, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == "success", report["error"]
+    saved = {node: ui["images"][0]["filename"] for node, ui in report["outputs"].items() if "images" in ui}
+    assert saved["10:22"].startswith("linked-prefix_") and saved["11:22"].startswith("second_")
+    assert report["outputs"]["4"]["text"] == ["200"]
+    assert all(Path(f).is_file() for f in report["files"])
