@@ -9,13 +9,6 @@ BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
     "nodes.media",
-    "nodes.loops",
-    "nodes.loaders",
-    "nodes.latent",
-    "nodes.conditioning",
-    "nodes.sampling",
-    "nodes.vae",
-    "nodes.h3",
 )
 
 
