@@ -1,0 +1,197 @@
+"""Start Weft's server for tests: the real server with the testing node pack (and a few web-only nodes).
+
+    python -m tests.web.serve [server flags] [--light]
+
+`--light` leaves out the built-in node packs (and with them torch), so a server process starts in
+well under a second: the durability test restarts it twenty times.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import main as weft_main
+from execution import context as run_context
+from execution.context import current
+from execution.events import EventBus
+from execution.scheduler import Executor
+from execution.validation import validate_prompt
+from nodes.classic import specs_from_mappings
+
+
+class WebTestPreviews:
+    """Reports `steps` progress steps, each with a progress text and a `size`x`size` preview image."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"steps": ("INT", {"default": 3, "min": 1, "max": 10_000}),
+                             "size": ("INT", {"default": 32, "min": 1, "max": 2048}),
+                             "seed": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, steps, size, seed):
+        import numpy as np
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        ctx = current()
+        for step in range(steps):
+            pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            ctx.progress(step + 1, steps, text=f"Iteration {step + 1}/{steps}", preview=Image.fromarray(pixels))
+        return {"ui": {"values": [steps]}, "result": (steps,)}
+
+
+class WebTestRecordRun:
+    """Appends its job's id to output/runs.log each time it starts (so a test can count runs), then waits."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0}), "seconds": ("FLOAT", {"default": 0.0, "min": 0.0})}}
+
+    RETURN_TYPES = ("INT",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, seconds):
+        import time
+
+        ctx = current()
+        with open(ctx.paths.output / "runs.log", "a") as log:
+            log.write(ctx.prompt_id + "\n")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+            ctx.check_interrupted()
+        return {"ui": {"values": [value]}, "result": (value,)}
+
+
+WEB_NODES = {"WebTestPreviews": WebTestPreviews, "WebTestRecordRun": WebTestRecordRun}
+
+
+def add_test_nodes(registry) -> None:
+    """The testing node pack is already there; add the web-only test nodes."""
+    registry.register_all(specs_from_mappings(WEB_NODES, python_module="tests.web.serve"), origin="tests.web.serve")
+
+
+class LightRuntime:
+    """main.Runtime's interface over the testing node pack alone (no built-in packs, no torch)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.paths = weft_main.paths_from_args(args)
+        import importlib
+
+        from nodes.registry import NodeRegistry
+
+        self.registry = NodeRegistry()
+        pack = importlib.import_module("tests.nodes_pack")
+        self.registry.register_all(specs_from_mappings(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS,
+                                                       python_module="tests.nodes_pack"), origin="tests.nodes_pack")
+        add_test_nodes(self.registry)
+        self.plugin_reports: list[Any] = []
+        self.events = EventBus()
+        services = {"max_loop_iterations": args.max_loop_iterations}
+        run_context.configure(self.paths, services)
+        self.executor = Executor(self.registry, cache=weft_main.cache_from_args(args), events=self.events,
+                                 paths=self.paths, runtime=services)
+
+    def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
+        return validate_prompt(prompt, self.registry, partial_targets=partial_targets,
+                               options={"max_loop_iterations": self.args.max_loop_iterations})
+
+
+def full_runtime(args: argparse.Namespace):
+    """main.Runtime (built-in nodes) plus the testing node pack and the web test nodes."""
+    import importlib
+
+    runtime = weft_main.Runtime(args)
+    pack = importlib.import_module("tests.nodes_pack")
+    runtime.registry.register_all(
+        specs_from_mappings(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, python_module="tests.nodes_pack"),
+        origin="tests.nodes_pack")
+    add_test_nodes(runtime.registry)
+    return runtime
+
+
+def parse_args(argv: list[str], *, light: bool) -> argparse.Namespace:
+    """The server's own flags (as `python main.py` parses them)."""
+    from web.server import build_parser
+
+    add_common = weft_main.add_common_arguments
+    if light:
+        def add_common(parser):  # the memory manager's flags import torch; the light runtime has no model
+            saved = weft_main._argument_extensions
+            weft_main._argument_extensions = lambda: []
+            try:
+                weft_main.add_common_arguments(parser)
+            finally:
+                weft_main._argument_extensions = saved
+    return build_parser(add_common).parse_args(argv)
+
+
+class ServerThread:
+    """A real server on a free loopback port, run on its own event loop in a thread."""
+
+    def __init__(self, base: Path, *, light: bool = False, extra_args: list[str] = (), config_changes=None) -> None:
+        from web.server import config_from_args
+
+        self.args = parse_args(["--base-directory", str(base), "--port", "0", "--cache-none", *extra_args],
+                               light=light)
+        self.runtime = LightRuntime(self.args) if light else full_runtime(self.args)
+        self.config = config_from_args(self.args, announce=lambda text: None)
+        if config_changes:
+            config_changes(self.config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="weft-test-server", daemon=True)
+        self.thread.start()
+        from web.server import start_server
+
+        self.server = asyncio.run_coroutine_threadsafe(start_server(self.runtime, self.config), self.loop).result(60)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def state(self):
+        return self.server.state
+
+    def call(self, fn, *args):
+        """Run a plain function on the server's loop (to inspect loop-owned state safely)."""
+        async def wrapper():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(30)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    light = "--light" in argv
+    argv = [a for a in argv if a != "--light"]
+    from web import server
+
+    add_common = weft_main.add_common_arguments
+    if light:
+        def add_common(parser):
+            weft_main._argument_extensions = lambda: []
+            weft_main.add_common_arguments(parser)
+    return server.main(argv, add_common_arguments=add_common, runtime_factory=LightRuntime if light else full_runtime)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Durable jobs: a server killed with SIGKILL at random moments loses no accepted job and ends each in one record."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = 200
+KILLS = 20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`python -m tests.web.serve --light` as a child process that can be killed and started again."""
+
+    def __init__(self, base: Path, port: int) -> None:
+        self.base, self.port = base, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+        self.log = open(base / "server.log", "ab")
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.web.serve", "--light", "--base-directory", str(self.base),
+             "--port", str(self.port), "--cache-none"], cwd=ROOT, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/prompt", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.process.returncode}; see {self.base / 'server.log'}")
+                time.sleep(0.05)
+        raise TimeoutError("server did not start")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url + "/prompt", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_sigkill_at_random_moments_loses_no_accepted_job(tmp_path):
+    rng = random.Random(20)
+    server = Server(tmp_path, _free_port())
+    accepted: list[str] = []
+    submitted = threading.Event()
+
+    def submit() -> None:
+        for index in range(JOBS):
+            prompt_id = str(uuid.uuid4())
+            seconds = rng.choice([0.0, 0.01, 0.03, 0.08])
+            body = {"prompt_id": prompt_id, "client_id": "durability", "prompt": {
+                "1": {"class_type": "WebTestRecordRun", "inputs": {"value": index, "seconds": seconds}}}}
+            while True:
+                try:
+                    status, reply = _post(server.url, body)
+                except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+                    time.sleep(0.02)  # the server is down: send the same job (same id) again
+                    continue
+                if status == 200:
+                    accepted.append(prompt_id)
+                    break
+                # Accepted before a kill cut the answer off: the retry finds the id taken.
+                assert status == 400 and "already used" in reply["error"]["message"], reply
+                accepted.append(prompt_id)
+                break
+            time.sleep(rng.uniform(0.0, 0.01))
+        submitted.set()
+
+    server.start()
+    submitter = threading.Thread(target=submit, daemon=True)
+    submitter.start()
+    try:
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(0.05, 0.6))
+            server.kill()
+            server.start()
+        assert submitted.wait(120), "the submitter did not finish"
+        deadline = time.monotonic() + 120
+        while True:
+            with urllib.request.urlopen(server.url + "/prompt", timeout=10) as response:
+                if json.loads(response.read())["exec_info"]["queue_remaining"] == 0:
+                    break
+            assert time.monotonic() < deadline, "the queue never drained"
+            time.sleep(0.1)
+        assert len(accepted) == JOBS == len(set(accepted))
+        for prompt_id in accepted:
+            with urllib.request.urlopen(f"{server.url}/history/{prompt_id}", timeout=10) as response:
+                record = json.loads(response.read())[prompt_id]
+            assert record["status"]["status_str"] in ("success", "error")
+    finally:
+        server.stop()
+    database = sqlite3.connect(tmp_path / "user" / "jobs.sqlite3")
+    rows = database.execute("SELECT id, status, attempts FROM jobs").fetchall()
+    database.close()
+    by_id = Counter(row[0] for row in rows)
+    assert all(by_id[prompt_id] == 1 for prompt_id in accepted), "a job has more than one record"
+    statuses = {row[0]: row[1] for row in rows}
+    assert {statuses[p] for p in accepted} <= {"success", "interrupted"}
+    runs = Counter((tmp_path / "output" / "runs.log").read_text().split())
+    for prompt_id in accepted:
+        # Started at most twice (once more after a crash cut it short), and a success ran at least once.
+        assert runs[prompt_id] <= 2, (prompt_id, runs[prompt_id])
+        if statuses[prompt_id] == "success":
+            assert runs[prompt_id] >= 1
+    assert sum(1 for p in accepted if statuses[p] == "success") >= JOBS - KILLS

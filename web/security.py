@@ -1,0 +1,176 @@
+"""The server's outer wall: who may talk to it at all, from where, and how much they may send.
+
+Checks, in order, for every request (websocket included):
+1. the body cap: a declared `Content-Length` over `--max-upload-size` is answered 413 before any of
+   the body is read (a chunked body is cut off at the same cap while it is read);
+2. the `Host` header must name a loopback address or a configured host (DNS rebinding);
+3. cross-site requests are refused: `Sec-Fetch-Site: cross-site` (except a plain top-level navigation
+   that only displays a page), and an `Origin` that does not match the `Host` (`Origin: null` included);
+4. when the server listens beyond loopback, a token is required (bearer header, basic-auth password,
+   `?token=` or the cookie set after a `?token=` visit), compared in constant time.
+Every response carries `X-Content-Type-Options: nosniff`.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from base64 import b64decode
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+TOKEN_COOKIE = "weft_token"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass
+class SecurityConfig:
+    """What the middleware enforces."""
+
+    max_body_bytes: int = 100 * 2**20  # --max-upload-size, in bytes
+    token: str | None = None  # None: no token needed (loopback or --insecure-no-auth)
+    allowed_hosts: frozenset[str] = field(default_factory=frozenset)  # host names beside loopback (lower case)
+    allow_any_host: bool = False  # only with --insecure-no-auth on a wildcard address and no --allowed-hosts
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1 (brackets allowed)."""
+    name = host.strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """('host', port) from a Host header value such as `example:8188` or `[::1]:8188`."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return value, None
+        host, rest = value[1:end], value[end + 1:]
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    else:
+        host, port = value, ""
+    if port and not port.isdigit():
+        return host, -1
+    return host, int(port) if port else None
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"type": "forbidden" if status == 403 else "refused", "message": message,
+                                         "details": "", "extra_info": {}}, "node_errors": {}}, status=status,
+                             headers={"X-Content-Type-Options": "nosniff"})
+
+
+def host_allowed(config: SecurityConfig, host_header: str) -> bool:
+    """Is the Host header loopback or a configured host name?"""
+    host, port = split_host(host_header)
+    if port == -1 or not host:
+        return False
+    if is_loopback_host(host):
+        return True
+    if config.allow_any_host:
+        return True
+    return host in config.allowed_hosts
+
+
+def origin_matches(origin: str, host_header: str, scheme: str) -> bool:
+    """Does the Origin header name this very server (scheme, host and port)?"""
+    if origin.strip().lower() == "null":
+        return False
+    try:
+        parts = urlsplit(origin.strip())
+        origin_port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.scheme != scheme:
+        return False
+    default = {"http": 80, "https": 443}
+    host, port = split_host(host_header)
+    if port == -1:
+        return False
+    origin_port = origin_port or default[parts.scheme]
+    port = port or default.get(scheme, 80)
+    return parts.hostname.lower() == host.strip("[]") and origin_port == port
+
+
+def _presented_token(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    if auth.lower().startswith("basic "):  # clients that only know basic auth: the password is the token
+        try:
+            return b64decode(auth[6:].strip()).decode("utf-8", "replace").partition(":")[2]
+        except ValueError:
+            return None
+    if "token" in request.query:
+        return request.query["token"]
+    return request.cookies.get(TOKEN_COOKIE)
+
+
+def token_ok(expected: str, presented: str | None) -> bool:
+    """Constant-time comparison (on bytes, so the length of a wrong guess leaks nothing useful)."""
+    if presented is None:
+        return False
+    return hmac.compare_digest(expected.encode("utf-8"), presented.encode("utf-8", "replace"))
+
+
+def is_safe_navigation(request: web.Request) -> bool:
+    """A top-level GET that only displays a page: following a link to the editor from elsewhere."""
+    return (request.method in ("GET", "HEAD") and request.headers.get("Sec-Fetch-Mode") == "navigate"
+            and request.headers.get("Sec-Fetch-Dest", "document") == "document"
+            and request.headers.get("Upgrade", "").lower() != "websocket")
+
+
+def security_middleware(config: SecurityConfig):
+    """The aiohttp middleware enforcing `config`."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        length = request.headers.get("Content-Length")
+        if length is not None:
+            if not length.strip().isdigit():
+                return _refuse(400, "Content-Length is not a number")
+            if int(length) > config.max_body_bytes:
+                return _refuse(413, f"request body of {int(length)} bytes is over the limit of "
+                                    f"{config.max_body_bytes} bytes (--max-upload-size)")
+        host_header = request.headers.get("Host")
+        if host_header is not None and not host_allowed(config, host_header):
+            return _refuse(403, f"host {host_header!r} is not this server's (allowed: loopback"
+                                f"{', ' + ', '.join(sorted(config.allowed_hosts)) if config.allowed_hosts else ''})")
+        fetch_site = request.headers.get("Sec-Fetch-Site", "").lower()
+        if fetch_site == "cross-site" and not is_safe_navigation(request):
+            return _refuse(403, "cross-site requests are refused")
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            if host_header is None or not origin_matches(origin, host_header, request.scheme):
+                return _refuse(403, f"origin {origin!r} does not match this server")
+        if config.token is not None:
+            presented = _presented_token(request)
+            if not token_ok(config.token, presented):
+                return _refuse(401, "this server needs its access token (Authorization: Bearer TOKEN, "
+                                    "or open the editor once with ?token=TOKEN)")
+        response = await handler(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if config.token is not None and "token" in request.query and request.cookies.get(TOKEN_COOKIE) != config.token:
+            response.set_cookie(TOKEN_COOKIE, config.token, httponly=True, samesite="Strict", path="/")
+        return response
+
+    return middleware
+
+
+def json_error(status: int, message: str, *, error_type: str = "invalid_request", details: str = "") -> web.Response:
+    """An error body in ComfyUI's `{error, node_errors}` shape."""
+    body = {"error": {"type": error_type, "message": message, "details": details, "extra_info": {}}, "node_errors": {}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")

@@ -1,0 +1,229 @@
+"""The aiohttp application: ComfyUI's protocol, the official editor, durable jobs, a guarded door.
+
+    python main.py [--listen [HOST]] [--port 8188] [--max-upload-size MB] [--front-end-root DIR] ...
+
+`create_app(runtime, config)` builds the application (tests start it on a free port with
+`start_server`); `main(argv, ...)` is what `python main.py` runs.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from web import files, routes
+from web.security import SecurityConfig, is_loopback_host, security_middleware
+from web.state import STATE_KEY, ServerConfig, ServerState
+
+logger = logging.getLogger(__name__)
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def route_table() -> list[tuple[str, str, Any]]:
+    """Every (method, path, handler) served both bare and under /api."""
+    table: list[tuple[str, str, Any]] = []
+    routes.add_routes(table)
+    files.add_routes(table)
+    return table
+
+
+async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
+    """The `/ws?clientId=` endpoint."""
+    state = request.app[STATE_KEY]
+    return await state.hub.handle(request, status=state.queue_status, features=routes.server_features(state))
+
+
+def create_app(runtime: Any, config: ServerConfig) -> web.Application:
+    """The application for `runtime` (paths, registry, events, executor, validate)."""
+    state = ServerState(runtime, config)
+    files.ensure_user_folder(state)
+    # client_max_size caps a body without Content-Length while it is read; the middleware refuses a
+    # declared oversize body before reading it.
+    app = web.Application(client_max_size=config.security.max_body_bytes,
+                          middlewares=[security_middleware(config.security)])
+    app[STATE_KEY] = state
+    files.init_app_keys(app)
+    for prefix in ("", "/api"):
+        app.router.add_get(prefix + "/ws", websocket_handler)
+        for method, path, handler in route_table():
+            app.router.add_route(method, prefix + path, handler)
+    files.add_unprefixed_routes(app)
+    app.on_startup.append(state.startup)
+    app.on_shutdown.append(_close_websockets)
+    app.on_cleanup.append(state.shutdown)
+    return app
+
+
+async def _close_websockets(app: web.Application) -> None:
+    await app[STATE_KEY].hub.close_all()
+
+
+def add_plugin_web_dirs(app: web.Application, dirs: dict[str, Path]) -> None:
+    """Serve plugins' web folders at /extensions/<name>/ (and list their .js files in /extensions)."""
+    app[STATE_KEY].add_plugin_web_dirs(dirs)
+
+
+# ---------------------------------------------------------------------- running
+@dataclass
+class RunningServer:
+    """A started server (tests and the benchmark use it; `main` uses it too)."""
+
+    app: web.Application
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def state(self) -> ServerState:
+        """The running application's state."""
+        return self.app[STATE_KEY]
+
+    async def stop(self) -> None:
+        """Stop serving; a running job goes back to the queue."""
+        await self.runner.cleanup()
+
+
+async def start_server(runtime: Any, config: ServerConfig) -> RunningServer:
+    """Start the application on config.host (comma-separated) and config.port (0: a free port)."""
+    app = create_app(runtime, config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    hosts = [h.strip() for h in config.host.split(",")] or ["127.0.0.1"]
+    port = config.port
+    listening, failures = [], []
+    for host in hosts:
+        site = web.TCPSite(runner, host or None, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:  # e.g. "::" on a machine without IPv6: serve on the other addresses
+            failures.append(f"{host}: {exc}")
+            continue
+        listening.append(host)
+        if port == 0:  # the others listen on the same port the first one got
+            port = site._server.sockets[0].getsockname()[1]
+    if not listening:
+        await runner.cleanup()
+        raise OSError("; ".join(failures))
+    for failure in failures:
+        logger.warning("not listening on %s", failure)
+    return RunningServer(app, runner, listening[0] or "0.0.0.0", port)
+
+
+def _local_names() -> set[str]:
+    """Names and addresses of this machine (the hosts a wildcard listener may be reached by)."""
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    try:
+        import psutil
+
+        for addresses in psutil.net_if_addrs().values():
+            for address in addresses:
+                if address.family in (socket.AF_INET, socket.AF_INET6):
+                    names.add(address.address.split("%")[0].lower())
+    except Exception:  # interface listing is best effort; --allowed-hosts covers the rest
+        pass
+    return {n for n in names if n}
+
+
+def security_from_args(args: argparse.Namespace, *, announce: Callable[[str], None] = print) -> SecurityConfig:
+    """The security settings the flags ask for; generates and announces a token when one is needed."""
+    hosts = [h.strip() for h in args.listen.split(",")]
+    loopback_only = all(h and is_loopback_host(h) for h in hosts)
+    allowed = {h.strip().lower() for h in (args.allowed_hosts or "").split(",") if h.strip()}
+    for host in hosts:
+        if host in WILDCARD_HOSTS:
+            allowed |= _local_names()
+        elif not is_loopback_host(host):
+            allowed.add(host.strip("[]").lower())
+    token = None
+    if not loopback_only and not args.insecure_no_auth:
+        token = args.token or secrets.token_urlsafe(24)
+        if not args.token:
+            announce(f"access token (needed because the server listens on {args.listen}): {token}")
+    elif args.token:
+        token = args.token
+    return SecurityConfig(max_body_bytes=int(args.max_upload_size * 2**20), token=token,
+                          allowed_hosts=frozenset(allowed))
+
+
+def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """The server's command line: ComfyUI's flags plus the common ones."""
+    parser = argparse.ArgumentParser(prog="main.py", description="Weft: the node editor server.")
+    parser.add_argument("--listen", type=str, default="127.0.0.1", nargs="?", const="0.0.0.0,::", metavar="IP",
+                        help="addresses to listen on, comma-separated (default 127.0.0.1; without a value: all)")
+    parser.add_argument("--port", type=int, default=8188)
+    parser.add_argument("--max-upload-size", type=float, default=100, metavar="MB",
+                        help="largest request body, in MB (default 100)")
+    parser.add_argument("--front-end-root", type=Path, default=None,
+                        help="serve another editor build from this folder instead of comfyui-frontend-package")
+    parser.add_argument("--token", type=str, default=None,
+                        help="access token clients must present (generated and printed when listening beyond loopback)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="listen beyond loopback without a token (anyone who can reach the port runs jobs)")
+    parser.add_argument("--allowed-hosts", type=str, default="",
+                        help="comma-separated host names the server may be reached by, beside loopback")
+    parser.add_argument("--history-size", type=int, default=10_000, help="finished jobs kept in the history")
+    add_common_arguments(parser)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, *, announce: Callable[[str], None] = print) -> ServerConfig:
+    """The server configuration the parsed flags ask for."""
+    if args.front_end_root is not None and not (Path(args.front_end_root) / "index.html").is_file():
+        raise SystemExit(f"--front-end-root {args.front_end_root}: no index.html in that folder")
+    return ServerConfig(host=args.listen, port=args.port, security=security_from_args(args, announce=announce),
+                        front_end_root=args.front_end_root, history_cap=args.history_size)
+
+
+async def _serve(runtime: Any, config: ServerConfig) -> None:
+    server = await start_server(runtime, config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    shown = "127.0.0.1" if server.host in WILDCARD_HOSTS else server.host
+    host = f"[{shown}]" if ":" in shown else shown
+    token = config.security.token
+    suffix = f"/?token={token}" if token else ""
+    print(f"Weft is serving the editor at http://{host}:{server.port}{suffix}", flush=True)
+    await stop.wait()
+    print("stopping (a running job goes back to the queue)", flush=True)
+    await server.stop()
+
+
+def main(argv: list[str], *, add_common_arguments: Callable[[argparse.ArgumentParser], None],
+         runtime_factory: Callable[[argparse.Namespace], Any]) -> int:
+    """`python main.py [flags]`: build the runtime and serve until interrupted."""
+    parser = build_parser(add_common_arguments)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.port < 0 or args.port > 65535:
+        parser.error(f"--port {args.port} is not a port number")
+    if args.max_upload_size <= 0:
+        parser.error("--max-upload-size must be positive")
+    config = config_from_args(args)
+    runtime = runtime_factory(args)
+    try:
+        asyncio.run(_serve(runtime, config))
+    except OSError as exc:
+        print(f"cannot listen on {args.listen}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,136 @@
+"""What every route handler reaches: the runtime, the job store and worker, the websocket hub, the folders."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from execution.jobs import JobHooks, JobRunner, JobStore
+from web.security import SecurityConfig
+from web.websocket import EventBridge, Hub
+
+WEB_DIR = Path(__file__).resolve().parent
+REPO_ROOT = WEB_DIR.parent
+WEFT_VERSION = "0.1.0"
+SINGLE_USER = "default"  # the user folder under --user-directory when one person uses the server
+
+
+@dataclass
+class ServerConfig:
+    """How the server is set up (from the command line, or by tests)."""
+
+    host: str = "127.0.0.1"  # listen addresses, comma-separated (ComfyUI's --listen)
+    port: int = 8188
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    front_end_root: Path | None = None  # None: the installed comfyui-frontend-package's static folder
+    workflows_dir: Path = REPO_ROOT / "workflows"  # served as the editor's templates
+    extensions_dir: Path = WEB_DIR / "extensions"  # our own editor extensions, at /extensions/weft/
+    history_cap: int = 10_000  # finished jobs kept in the history
+    max_pixels: int = 64_000_000  # uploaded / decoded images: total pixels
+    max_edge: int = 16_384  # uploaded / decoded images: pixels on either edge
+
+
+def default_front_end_root() -> Path | None:
+    """The official editor's static folder from the installed `comfyui-frontend-package`."""
+    try:
+        import importlib.resources as resources
+
+        root = Path(str(resources.files("comfyui_frontend_package") / "static"))
+    except (ModuleNotFoundError, TypeError):
+        return None
+    return root if (root / "index.html").is_file() else None
+
+
+class ServerState:
+    """The server's parts, wired once per application."""
+
+    def __init__(self, runtime: Any, config: ServerConfig) -> None:
+        from execution.scheduler import JobControl
+
+        self.runtime = runtime
+        self.config = config
+        self.paths = runtime.paths
+        self.user_root = Path(self.paths.user) / SINGLE_USER
+        self.front_end_root = Path(config.front_end_root).resolve() if config.front_end_root else default_front_end_root()
+        self.store = JobStore(Path(self.paths.user) / "jobs.sqlite3", history_cap=config.history_cap)
+        self.hub = Hub()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.bridge: EventBridge | None = None
+        self.plugin_web_dirs: dict[str, Path] = {}
+        self._job_clients: dict[str, str | None] = {}
+        self._status_scheduled = False
+        self._lock = threading.Lock()
+        self.runner = JobRunner(self.store, JobHooks(
+            validate=lambda prompt, targets: runtime.validate(prompt, partial_targets=targets),
+            run=runtime.executor.run, make_control=JobControl, on_start=self._on_start,
+            on_finish=self._on_finish, on_queue_change=self.queue_changed))
+        for report in getattr(runtime, "plugin_reports", None) or ():
+            web_dir = getattr(report, "web_directory", None)
+            if getattr(report, "status", "") == "loaded" and web_dir:
+                self.plugin_web_dirs[report.name] = Path(web_dir)
+
+    # ------------------------------------------------------------------ plugins
+    def add_plugin_web_dirs(self, dirs: dict[str, Path]) -> None:
+        """Serve each plugin's web folder at /extensions/<name>/ and list its .js files in /extensions."""
+        for name, folder in dirs.items():
+            if not name or "/" in name or name in ("weft", "core") or name.startswith("."):
+                raise ValueError(f"plugin web folder name {name!r} cannot be served under /extensions/")
+            self.plugin_web_dirs[name] = Path(folder).resolve()
+
+    # ------------------------------------------------------------------ queue status
+    def queue_status(self) -> dict:
+        """The `status` payload: jobs pending or running."""
+        return {"exec_info": {"queue_remaining": self.store.queue_remaining()}}
+
+    def queue_changed(self) -> None:
+        """Tell every websocket the queue length (coalesced; callable from any thread)."""
+        if self.loop is None:
+            return
+        with self._lock:
+            if self._status_scheduled:
+                return
+            self._status_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._send_status)
+        except RuntimeError:
+            pass
+
+    def _send_status(self) -> None:
+        with self._lock:
+            self._status_scheduled = False
+        self.hub.send_json("status", {"status": self.queue_status()}, broadcast=True)
+
+    # ------------------------------------------------------------------ job events
+    def client_of(self, prompt_id: str) -> str | None:
+        """The client id that submitted a running job (None: broadcast)."""
+        return self._job_clients.get(prompt_id)
+
+    def _on_start(self, job) -> None:
+        self._job_clients[job.id] = job.client_id
+
+    def _on_finish(self, job, status: str) -> None:
+        if self.bridge is not None:
+            self.bridge.job_finished(job.id, drop=status == "requeued")
+        self._job_clients.pop(job.id, None)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def startup(self, app: web.Application) -> None:
+        """Subscribe the websocket bridge to the engine's events and start the job worker."""
+        self.loop = asyncio.get_running_loop()
+        self.bridge = EventBridge(self.loop, self.hub, self.client_of)
+        self._unsubscribe = self.runtime.events.subscribe(self.bridge)
+        self.runner.start()
+
+    async def shutdown(self, app: web.Application) -> None:
+        """Stop the worker (a running job goes back to the queue), close sockets and the store."""
+        await asyncio.get_running_loop().run_in_executor(None, self.runner.stop)
+        self._unsubscribe()
+        await self.hub.close_all()
+        self.store.close()
+
+
+STATE_KEY = web.AppKey("weft_state", ServerState)

@@ -1,0 +1,340 @@
+"""The websocket: clients, their bounded send queues, and the engine's events turned into frames.
+
+Events arrive on the job worker's thread; `EventBridge` encodes them there (JSON text, or binary
+previews and progress texts) and hands finished frames to the event loop with `call_soon_threadsafe`.
+`Hub.deliver` then routes a frame to the client that submitted the job and to clients that subscribed
+to every job (a job without a client id goes to everyone, as in ComfyUI).
+
+Each client has its own queue and sender task, so a slow client never slows the others. The queue is
+bounded in frames and bytes: previews are dropped first (a newer one follows anyway); a client whose
+queue is still full of frames it must not lose has stopped reading and is disconnected.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import struct
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import WSMsgType, web
+
+logger = logging.getLogger(__name__)
+
+# Binary frame types (big-endian u32 first), as ComfyUI's editor reads them.
+PREVIEW_IMAGE = 1
+PROGRESS_TEXT = 3
+PREVIEW_IMAGE_WITH_METADATA = 4
+IMAGE_FORMATS = {"JPEG": 1, "PNG": 2}
+
+MAX_QUEUE_FRAMES = 8192  # frames waiting for one client before it counts as not reading (~1 MB of events)
+MAX_QUEUE_BYTES = 16 * 2**20  # bytes waiting for one client
+PREVIEW_BACKLOG = 8  # a new preview is dropped when this many frames already wait
+SEND_TIMEOUT_S = 30.0  # a single send blocked this long means the client stopped reading
+PREVIEW_MAX_EDGE = 512  # previews are shrunk to this many pixels on their longer edge
+TERMINAL_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
+
+
+@dataclass
+class Frame:
+    """One websocket message: text (JSON) or bytes, and whether it may be dropped under pressure."""
+
+    payload: str | bytes
+    droppable: bool = False
+
+    @property
+    def size(self) -> int:
+        """Bytes this frame holds."""
+        return len(self.payload)
+
+
+@dataclass
+class Client:
+    """One connected websocket and its send queue."""
+
+    sid: str
+    ws: web.WebSocketResponse
+    subscribed_all: bool = False
+    supports_preview_metadata: bool = False
+    queue: deque = field(default_factory=deque)
+    queued_bytes: int = 0
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+    dropped_previews: int = 0
+    task: asyncio.Task | None = None
+
+
+class Hub:
+    """Connected clients by sid; routes frames and keeps each client's queue bounded. Loop-only."""
+
+    def __init__(self, *, max_frames: int = MAX_QUEUE_FRAMES, max_bytes: int = MAX_QUEUE_BYTES,
+                 preview_backlog: int = PREVIEW_BACKLOG, send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+        self.clients: dict[str, Client] = {}
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.preview_backlog = preview_backlog
+        self.send_timeout_s = send_timeout_s
+        self.disconnected_slow = 0  # clients dropped for not reading (for tests and the benchmark)
+
+    # ------------------------------------------------------------------ routing
+    def targets(self, client_id: str | None) -> list[Client]:
+        """The submitting client plus every subscribed-to-all client (everyone when no client id)."""
+        if client_id is None:
+            return list(self.clients.values())
+        out = [c for c in self.clients.values() if c.subscribed_all and c.sid != client_id]
+        owner = self.clients.get(client_id)
+        if owner is not None:
+            out.append(owner)
+        return out
+
+    def send_json(self, event: str, data: dict, client_id: str | None = None, *, broadcast: bool = False) -> None:
+        """Queue a JSON event for the job's audience (or every client when `broadcast`)."""
+        text = json.dumps({"type": event, "data": data}, default=repr)
+        targets = list(self.clients.values()) if broadcast else self.targets(client_id)
+        for client in targets:
+            self.enqueue(client, Frame(text))
+
+    def deliver(self, frames: list[tuple[str, Any]], client_id: str | None) -> None:
+        """Frames made by the bridge: ("json", text) | ("binary", bytes) | ("preview", (legacy, with_meta))."""
+        targets = self.targets(client_id)
+        for kind, payload in frames:
+            for client in targets:
+                if kind == "preview":
+                    legacy, with_meta = payload
+                    self.enqueue(client, Frame(with_meta if client.supports_preview_metadata else legacy, True))
+                else:
+                    self.enqueue(client, Frame(payload))
+
+    # ------------------------------------------------------------------ queues
+    def enqueue(self, client: Client, frame: Frame) -> None:
+        """Queue a frame for one client, dropping previews first and disconnecting a client that stopped reading."""
+        if client.closed:
+            return
+        if frame.droppable and len(client.queue) >= self.preview_backlog:
+            client.dropped_previews += 1
+            return
+        client.queue.append(frame)
+        client.queued_bytes += frame.size
+        if len(client.queue) > self.max_frames or client.queued_bytes > self.max_bytes:
+            self._drop_previews(client)
+        if len(client.queue) > self.max_frames or client.queued_bytes > self.max_bytes:
+            logger.warning("websocket client %s stopped reading (%d frames, %d bytes waiting): disconnecting",
+                           client.sid, len(client.queue), client.queued_bytes)
+            self.disconnected_slow += 1
+            self._close(client)
+            return
+        client.wakeup.set()
+
+    def _drop_previews(self, client: Client) -> None:
+        kept = deque(f for f in client.queue if not f.droppable)
+        client.dropped_previews += len(client.queue) - len(kept)
+        client.queue = kept
+        client.queued_bytes = sum(f.size for f in kept)
+
+    def _close(self, client: Client) -> None:
+        client.closed = True
+        client.queue.clear()
+        client.queued_bytes = 0
+        client.wakeup.set()
+        if self.clients.get(client.sid) is client:
+            del self.clients[client.sid]
+        asyncio.ensure_future(client.ws.close(code=1008, message=b"send queue full: the client stopped reading"))
+
+    async def _sender(self, client: Client) -> None:
+        ws = client.ws
+        try:
+            while not client.closed:
+                if not client.queue:
+                    client.wakeup.clear()
+                    await client.wakeup.wait()
+                    continue
+                frame = client.queue.popleft()
+                client.queued_bytes -= frame.size
+                send = ws.send_str(frame.payload) if isinstance(frame.payload, str) else ws.send_bytes(frame.payload)
+                await asyncio.wait_for(send, self.send_timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("websocket client %s blocked a send for %ss: disconnecting", client.sid,
+                           self.send_timeout_s)
+            self.disconnected_slow += 1
+            self._close(client)
+        except (ConnectionError, RuntimeError):  # the peer went away
+            client.closed = True
+        except asyncio.CancelledError:
+            raise
+
+    # ------------------------------------------------------------------ connections
+    async def handle(self, request: web.Request, *, status: Callable[[], dict], features: dict) -> web.WebSocketResponse:
+        """Serve one websocket connection until it closes."""
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 * 2**20)
+        await ws.prepare(request)
+        sid = request.query.get("clientId") or uuid.uuid4().hex
+        old = self.clients.get(sid)
+        if old is not None:  # a reconnect with the same id replaces the old socket
+            self._close(old)
+        client = Client(sid, ws, subscribed_all=request.query.get("subscribe") == "all")
+        self.clients[sid] = client
+        client.task = asyncio.ensure_future(self._sender(client))
+        self.enqueue(client, Frame(json.dumps({"type": "status", "data": {"status": status(), "sid": sid}})))
+        try:
+            async for message in ws:
+                if message.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    parsed = json.loads(message.data)
+                except ValueError:
+                    continue
+                if not isinstance(parsed, dict):
+                    continue
+                kind, data = parsed.get("type"), parsed.get("data")
+                if kind == "feature_flags":
+                    if isinstance(data, dict):
+                        client.supports_preview_metadata = bool(data.get("supports_preview_metadata"))
+                    self.enqueue(client, Frame(json.dumps({"type": "feature_flags", "data": features})))
+                elif kind == "subscribe":
+                    # Weft's addition: {"type": "subscribe", "data": {"jobs": "all" | "own"}}.
+                    client.subscribed_all = isinstance(data, dict) and data.get("jobs") == "all"
+        finally:
+            client.closed = True
+            client.wakeup.set()
+            if self.clients.get(sid) is client:
+                del self.clients[sid]
+            if client.task is not None:
+                client.task.cancel()
+        return ws
+
+    async def close_all(self) -> None:
+        """Close every websocket (server shutdown)."""
+        for client in list(self.clients.values()):
+            client.closed = True
+            client.wakeup.set()
+            await client.ws.close(code=1001, message=b"server shutdown")
+        self.clients.clear()
+
+
+# ---------------------------------------------------------------------- encoding (worker thread)
+def encode_preview_image(image: Any, *, max_edge: int = PREVIEW_MAX_EDGE) -> tuple[str, bytes] | None:
+    """A preview (PIL image, an IMAGE tensor/array in 0..1, or ComfyUI's (format, image, size) tuple) as JPEG."""
+    from PIL import Image
+
+    fmt = "JPEG"
+    if isinstance(image, tuple) and len(image) >= 2:
+        fmt = str(image[0]).upper() if str(image[0]).upper() in IMAGE_FORMATS else "JPEG"
+        if len(image) >= 3 and isinstance(image[2], int) and image[2] > 0:
+            max_edge = image[2]
+        image = image[1]
+    if not isinstance(image, Image.Image):
+        array = image
+        if hasattr(array, "detach"):
+            array = array.detach().float().cpu().numpy()
+        import numpy as np
+
+        array = np.asarray(array, dtype=np.float32)
+        while array.ndim > 3:  # (B, H, W, C): the first item of the batch
+            array = array[0]
+        if array.ndim == 2:
+            array = array[:, :, None]
+        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+            return None
+        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        image = Image.fromarray(array[:, :, 0] if array.shape[-1] == 1 else array)
+    if max(image.size) > max_edge:
+        image = image.copy()
+        image.thumbnail((max_edge, max_edge))
+    if fmt == "JPEG" and image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, quality=85)
+    return fmt, buffer.getvalue()
+
+
+def preview_frames(data: dict) -> tuple[bytes, bytes] | None:
+    """(type 1 frame, type 4 frame) for a `preview` event."""
+    encoded = encode_preview_image(data.get("image"))
+    if encoded is None:
+        return None
+    fmt, image_bytes = encoded
+    legacy = struct.pack(">II", PREVIEW_IMAGE, IMAGE_FORMATS[fmt]) + image_bytes
+    metadata = json.dumps({
+        "image_type": "image/jpeg" if fmt == "JPEG" else "image/png",
+        "node_id": data.get("node"), "display_node_id": data.get("display_node") or data.get("node"),
+        "parent_node_id": data.get("parent_node"), "real_node_id": data.get("real_node_id") or data.get("node"),
+        "prompt_id": data.get("prompt_id"),
+    }).encode()
+    with_meta = struct.pack(">II", PREVIEW_IMAGE_WITH_METADATA, len(metadata)) + metadata + image_bytes
+    return legacy, with_meta
+
+
+def progress_text_frame(data: dict) -> bytes:
+    """A type 3 frame: u32 length + node id, then the UTF-8 text."""
+    node = str(data.get("node") or "").encode()
+    return struct.pack(">II", PROGRESS_TEXT, len(node)) + node + str(data.get("text", "")).encode()
+
+
+class EventBridge:
+    """Subscriber of the engine's EventBus: encodes events on the worker thread, delivers on the loop.
+
+    Terminal events of a job (execution_success/error/interrupted and the final `executing` with node
+    null) are held back until the job's record is written, so a client that asks `/history/{id}` the
+    moment it hears the job is over finds the record there.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, hub: Hub, client_of: Callable[[str], str | None]) -> None:
+        self.loop = loop
+        self.hub = hub
+        self.client_of = client_of
+        self._held: dict[str, list[tuple[str, Any]]] = {}
+        # Frames cross to the loop in batches: one wake-up per burst, not one per event.
+        self._outbox: list[tuple[list[tuple[str, Any]], str | None]] = []
+        self._outbox_lock = threading.Lock()
+
+    def __call__(self, event: str, data: dict) -> None:
+        prompt_id = data.get("prompt_id")
+        if not self.hub.clients and event not in TERMINAL_EVENTS and not (event == "executing" and data.get("node") is None):
+            return  # nobody listens: skip the encoding work
+        if event == "preview":
+            if not self.hub.clients:
+                return
+            try:
+                frames = preview_frames(data)
+            except Exception:  # a preview that cannot be encoded is skipped, never fails the job
+                logger.debug("preview could not be encoded", exc_info=True)
+                return
+            if frames is not None:
+                self._post([("preview", frames)], prompt_id)
+            return
+        if event == "progress_text":
+            self._post([("binary", progress_text_frame(data))], prompt_id)
+            return
+        frame = ("json", json.dumps({"type": event, "data": data}, default=repr))
+        if prompt_id is not None and (event in TERMINAL_EVENTS or (event == "executing" and data.get("node") is None)):
+            self._held.setdefault(prompt_id, []).append(frame)
+            return
+        self._post([frame], prompt_id)
+
+    def job_finished(self, prompt_id: str, *, drop: bool = False) -> None:
+        """The job's record is on disk: release its held terminal events (or drop them)."""
+        held = self._held.pop(prompt_id, [])
+        if held and not drop:
+            self._post(held, prompt_id)
+
+    def _post(self, frames: list[tuple[str, Any]], prompt_id: str | None) -> None:
+        client_id = self.client_of(prompt_id) if prompt_id else None
+        with self._outbox_lock:
+            first = not self._outbox
+            self._outbox.append((frames, client_id))
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: the server is stopping
+                pass
+
+    def _flush(self) -> None:
+        with self._outbox_lock:
+            batch, self._outbox = self._outbox, []
+        for frames, client_id in batch:
+            self.hub.deliver(frames, client_id)
