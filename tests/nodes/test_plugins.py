@@ -35,7 +35,7 @@ BROKEN = {
     "unsupported_comfy_module": "missing module 'comfy.sd'; Weft's compatibility layer provides only",
     "server_import": "missing module 'server'",
     "import_error_name": "cannot import name 'folder_names_and_paths' from 'folder_paths'",
-    "comfy_nodes_import": "cannot import name 'MAX_RESOLUTION' from 'nodes'",
+    "comfy_nodes_import": "cannot import name 'common_ksampler' from 'nodes'",
     "relative_missing": "missing module 'custom_nodes.relative_missing.not_here'",
     "raises_at_import": "KeyError while importing: 'threshold' (nodes.py:3)",
     "exits_at_import": "called sys.exit(3) while importing",
