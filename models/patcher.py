@@ -98,27 +98,27 @@ class AppliedAdapter:
 
 
 class ModelHandle:
-    """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`)."""
+    """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`).
+
+    Build one with `ModelHandle(model, name=..., component=..., options=...)`; `applied` and `base`
+    are set by `with_adapter` and `merged`, not by callers. `options` (e.g. sampling shifts set by a
+    node) travel unchanged to every handle derived from this one.
+    """
 
     def __init__(self, model: nn.Module, *, name: str = "", component: str = MODEL,
-                 applied: tuple[AppliedAdapter, ...] = (), base: nn.Module | None = None) -> None:
+                 options: dict[str, Any] | None = None, applied: tuple[AppliedAdapter, ...] = (),
+                 base: nn.Module | None = None) -> None:
         self.model = model  # the module to run: the base, or a merged tree sharing the base
         self.base = model if base is None else base  # the shared, never-modified base module
         self.name = name
         self.component = component  # which adapter entries apply: "model" or "text_encoder"
+        self.options: dict[str, Any] = dict(options or {})
         self.applied = applied
         self._patch_map = self._build_patch_map() if self.model is self.base else {}
         self._merged: ModelHandle | None = None
 
     def _build_patch_map(self) -> PatchMap:
-        modules = dict(self.base.named_modules())
-        patch_map: PatchMap = {}
-        for applied in self.applied:
-            for patch in applied.patches:
-                module = modules[patch.module_name]
-                patch_map.setdefault(id(module), {}).setdefault(patch.param_name, []).append(
-                    (patch, applied.strength))
-        return patch_map
+        return {id(self.base.get_submodule(name)): params for name, params in self._patched_params().items()}
 
     @property
     def patch_map(self) -> PatchMap:
@@ -143,8 +143,16 @@ class ModelHandle:
         if not patches:
             return self
         applied = AppliedAdapter(adapter, float(strength), tuple(patches))
-        return ModelHandle(self.base, name=self.name, component=self.component,
+        return ModelHandle(self.base, name=self.name, component=self.component, options=self.options,
                            applied=(*self.applied, applied))
+
+    def with_options(self, **options: Any) -> "ModelHandle":
+        """A handle like this one (same base, adapters and merged copies) with `options` updated."""
+        clone = ModelHandle(self.model, name=self.name, component=self.component,
+                            options={**self.options, **options}, applied=self.applied, base=self.base)
+        if self._merged is not None:  # keep the merged copies already made, under the new options
+            clone._merged = self._merged.with_options(**options)
+        return clone
 
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:
@@ -182,8 +190,8 @@ class ModelHandle:
             return self
         if self._merged is None:
             tree = _copy_with_merged(self.base, self._patched_params())
-            self._merged = ModelHandle(tree, name=self.name, component=self.component, applied=self.applied,
-                                       base=self.base)
+            self._merged = ModelHandle(tree, name=self.name, component=self.component, options=self.options,
+                                       applied=self.applied, base=self.base)
         return self._merged
 
     def prepared(self, max_merge_bytes: int | None = None) -> "ModelHandle":
@@ -218,9 +226,17 @@ def _copy_with_merged(base: nn.Module, patched: dict[str, dict[str, list[tuple[P
         return clone
 
     root = private("")
+    # Normal tensors even when called under inference_mode: the merged handle is cached and may be
+    # run later outside it, where inference tensors cannot meet autograd-tracked ones.
+    with torch.inference_mode(False):
+        _merge_into(base, patched, private)
+    return root
+
+
+def _merge_into(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, float]]]],
+                private: Callable[[str], nn.Module]) -> None:
     for module_name, params in patched.items():
         clone = private(module_name)
         for param_name, entries in params.items():
             original = getattr(base.get_submodule(module_name), param_name)
             clone._parameters[param_name] = nn.Parameter(_patched(original, entries), requires_grad=False)
-    return root

@@ -91,8 +91,10 @@ class Adapter:
                 f"modules the model does not have ({listed}{more}); nothing was applied")
         patches: list[WeightPatch] = []
         problems: list[str] = []
+        unfit_entries = 0
         for entry, target in resolved:
             module = index.modules[target.module_name]
+            found = len(problems)
             for param_name, source in (("weight", entry.weight), ("bias", entry.bias)):
                 if source is None:
                     continue
@@ -101,9 +103,13 @@ class Adapter:
                     problems.append(problem)
                 else:
                     patches.append(patch)
+            unfit_entries += len(problems) > found
         if problems:
             more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
-            raise ValueError(f"adapter {self.source} cannot be applied; nothing was applied:\n  "
+            # Same module names but mostly other shapes: another model of a family sharing the names.
+            verdict = (f"this adapter is for a different model: {unfit_entries} of its {len(entries)} {component} "
+                       "entries do not fit" if 2 * unfit_entries > len(entries) else "cannot be applied")
+            raise ValueError(f"adapter {self.source}: {verdict}; nothing was applied:\n  "
                              + "\n  ".join(problems[:_MAX_LISTED]) + more)
         return patches
 

@@ -39,8 +39,9 @@ class DeltaSource:
     def add_scaled(self, region: torch.Tensor, alpha: float, swap_halves: bool) -> bool:
         """Add `alpha` times the delta into float32 `region` without building the delta, if this kind can.
 
-        Returns False when it cannot (the caller then builds the delta with `delta()`). LoRA can:
-        one fused multiply-add of its factors, which is what makes on-the-fly application cheap.
+        Returns False when it cannot (the caller then builds the delta with `delta()`). LoRA (one
+        addmm) and linear LoKr (one broadcast multiply-add) can, which keeps on-the-fly application
+        to a single pass over the weight.
         """
         return False
 

@@ -48,12 +48,13 @@ _UNDERSCORE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("lora_te1_", TEXT_ENCODER), ("lora_te2_", TEXT_ENCODER), ("lora_te3_", TEXT_ENCODER),
     ("lora_te_", TEXT_ENCODER),
 )
-# Dotted prefixes that say the key is for the text encoder; anything else targets the model.
-_TEXT_ENCODER_PREFIXES = ("text_encoder.", "text_encoders.", "te.", "cond_stage_model.", "conditioner.")
+# Dotted prefixes that say the key is for the text encoder (stripped); anything else targets the model.
+# ComfyUI names the encoder after the prefix: `text_encoders.<name>.`.
+_TEXT_ENCODER_PREFIX = re.compile(r"^(text_encoders\.[^.]+\.|text_encoder\.|te\.|cond_stage_model\.)")
 # Wrapper names tools put in front of module paths. Stripped from both the adapter's paths and the
 # model's module names, so `diffusion_model.blocks.0...` finds `blocks.0...` and the reverse.
 _WRAPPERS = ("model.diffusion_model.", "diffusion_model.", "base_model.model.", "transformer.", "unet.",
-             "model.", "text_model.", "text_encoder.", "te.")
+             "model.", "text_model.")
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,15 @@ def key_path(base: str) -> KeyPath:
     for prefix, component in _UNDERSCORE_PREFIXES:
         if base.startswith(prefix):
             return KeyPath(component, base[len(prefix):], True)
-    for prefix in _TEXT_ENCODER_PREFIXES:
-        if base.startswith(prefix):
-            return KeyPath(TEXT_ENCODER, base, False)
+    match = _TEXT_ENCODER_PREFIX.match(base)
+    if match and len(base) > match.end():
+        return KeyPath(TEXT_ENCODER, base[match.end():], False)
     return KeyPath(MODEL, base, False)
 
 
 def detect_format(keys: list[str]) -> str:
     """The community format a file's keys follow (kohya, lycoris, peft, diffusers, comfyui, full)."""
-    roles = {split_role(k)[1] for k in keys if split_role(k) is not None}
+    roles = {split[1] for split in map(split_role, keys) if split is not None}
     if any(k.startswith("lycoris_") for k in keys) or any(r.startswith(("lokr_", "hada_")) for r in roles):
         return "lycoris"
     if any(k.startswith(("lora_unet_", "lora_te", "lora_transformer_")) for k in keys):

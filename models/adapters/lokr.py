@@ -94,7 +94,7 @@ class LokrDelta(DeltaSource):
         # Linear layers only: region viewed as (a, b, c, d) gets w1[p, q] * w2[i, j] at [p, i, q, j],
         # which is kron(w1, w2) without building it (one broadcast multiply-add pass).
         (a, c), w2_shape = self._w1_shape(), self._w2_shape()
-        if len(w2_shape) != 2 or region.dim() != 2 or not region.is_contiguous():
+        if len(w2_shape) != 2 or self.t2 is not None or region.dim() != 2 or not region.is_contiguous():
             return False
         factors = {role: t.to(device=region.device, dtype=torch.float32) for role, t in self.tensors().items()}
         w1 = factors["w1"] if "w1" in factors else factors["w1_a"] @ factors["w1_b"]

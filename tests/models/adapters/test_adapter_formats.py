@@ -169,10 +169,14 @@ def test_text_encoder_keys_go_to_the_text_encoder_handle_only(tmp_path):
     te_before, model_before = snapshot(te), snapshot(model)
     up, down = rand(8, 2, seed=3), rand(2, 8, seed=4)
     mup, mdown = rand(HIDDEN, 2, seed=5), rand(2, INNER, seed=6)
+    up0, down0 = rand(8, 3, seed=7), rand(3, 8, seed=8)
     file = write_adapter(tmp_path / "both.safetensors", {
         # HF CLIP-style path under a `text_model` wrapper the module tree does not have
         "lora_te_text_model_encoder_layers_1_self_attn_q_proj.lora_up.weight": up,
         "lora_te_text_model_encoder_layers_1_self_attn_q_proj.lora_down.weight": down,
+        # ComfyUI's dotted text-encoder naming, `text_encoders.<name>.` then a `transformer.` wrapper
+        "text_encoders.minimax.transformer.encoder.layers.0.self_attn.q_proj.lora_B.weight": up0,
+        "text_encoders.minimax.transformer.encoder.layers.0.self_attn.q_proj.lora_A.weight": down0,
         "lora_unet_blocks_1_attn_out_proj.lora_up.weight": mup,
         "lora_unet_blocks_1_attn_out_proj.lora_down.weight": mdown})
     adapter = load_adapter(file)
@@ -183,7 +187,9 @@ def test_text_encoder_keys_go_to_the_text_encoder_handle_only(tmp_path):
     te_merged = te_handle.merged().model
     torch.testing.assert_close(te_merged.encoder.layers[1].self_attn.q_proj.weight,
                                te.encoder.layers[1].self_attn.q_proj.weight + 2.0 * expected_delta(up, down, False))
-    assert te_merged.encoder.layers[0] is te.encoder.layers[0]
+    torch.testing.assert_close(te_merged.encoder.layers[0].self_attn.q_proj.weight,
+                               te.encoder.layers[0].self_attn.q_proj.weight + 2.0 * expected_delta(up0, down0, False))
+    assert te_merged.encoder.layers[0].self_attn.q_proj.bias is te.encoder.layers[0].self_attn.q_proj.bias
     model_merged = model_handle.merged().model
     torch.testing.assert_close(model_merged.blocks[1].attn.out_proj.weight,
                                model.blocks[1].attn.out_proj.weight + expected_delta(mup, mdown, False))

@@ -284,3 +284,17 @@ def test_lokr_on_diffusers_swiglu_rows_is_exchanged_like_the_weight(tmp_path, w1
     delta = kron_reference(w1, w2)
     torch.testing.assert_close(got, model.blocks[1].mlp.fc1.weight + 0.7 * torch.cat([delta[40:], delta[:40]]))
     check_forward_equal(model, handle)
+
+
+def test_lokr_tucker_on_a_linear(tmp_path):
+    model = tiny_h3()
+    w1 = rand(4, 4, seed=1)
+    t2, w2_a, w2_b = rand(2, 2, seed=2), rand(2, HIDDEN // 4, seed=3), rand(2, INNER // 4, seed=4)
+    file = write_adapter(tmp_path / "lokr_tucker_linear.safetensors", {
+        "lycoris_blocks_0_attn_out_proj.lokr_w1": w1, "lycoris_blocks_0_attn_out_proj.lokr_t2": t2,
+        "lycoris_blocks_0_attn_out_proj.lokr_w2_a": w2_a, "lycoris_blocks_0_attn_out_proj.lokr_w2_b": w2_b,
+        "lycoris_blocks_0_attn_out_proj.alpha": torch.tensor(1.0)})
+    got, handle = merged_param(model, file, 1.0, "blocks.0.attn.out_proj.weight")
+    want = kron_reference(w1, tucker_reference(t2, w2_a, w2_b)) * 0.5
+    torch.testing.assert_close(got, model.blocks[0].attn.out_proj.weight + want)
+    check_forward_equal(model, handle)

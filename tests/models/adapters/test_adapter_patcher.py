@@ -113,3 +113,40 @@ def test_a_callable_patch_in_a_hand_made_patch_map():
     with patches_active({id(layer): {"weight": [(lambda shape, dtype, device: delta, 0.5)]}}):
         got = apply_patches(layer, "weight", layer.weight)
     torch.testing.assert_close(got, layer.weight + 0.5 * delta)
+
+
+def test_a_merged_handle_made_under_inference_mode_runs_outside_it(two_adapters):
+    lora, _lokr, _ = two_adapters
+    model = tiny_h3()
+    handle = ModelHandle(model).with_adapter(lora, 1.0)
+    with torch.inference_mode():
+        inside = handle.merged()(*tiny_inputs())
+    outside = handle.merged()(*tiny_inputs())  # the cached merged copies hold normal tensors
+    torch.testing.assert_close(inside[0], outside[0])
+
+
+def test_options_travel_to_derived_handles(two_adapters):
+    lora, lokr, _ = two_adapters
+    model = tiny_h3()
+    handle = ModelHandle(model, name="tiny", options={"h3_shifts": (12.0, 3.0)}).with_adapter(lora, 1.0)
+    merged_before = handle.merged()
+    shifted = handle.with_options(h3_shifts=(5.0, 2.0))
+    assert handle.options == {"h3_shifts": (12.0, 3.0)}  # the original is not changed
+    assert shifted.options == {"h3_shifts": (5.0, 2.0)} and shifted.adapters == handle.adapters
+    assert shifted.merged().model is merged_before.model  # merged copies are shared, not remade
+    assert shifted.merged().options == {"h3_shifts": (5.0, 2.0)}
+    assert shifted.with_adapter(lokr, 1.0).options == {"h3_shifts": (5.0, 2.0)}
+
+
+def test_apply_patches_in_place_only_on_a_tensor_the_caller_owns(two_adapters):
+    lora, _lokr, deltas = two_adapters
+    model = tiny_h3()
+    layer = model.blocks[0].attn.out_proj
+    with ModelHandle(model).with_adapter(lora, 1.0).active():
+        owned = layer.weight.detach().clone()
+        result = apply_patches(layer, "weight", owned, inplace=True)
+        assert result.data_ptr() == owned.data_ptr()  # float32 and owned: no second copy
+        torch.testing.assert_close(owned, layer.weight + deltas["lora_out"])
+        kept = layer.weight.detach().clone()
+        copied = apply_patches(layer, "weight", kept)
+        assert copied.data_ptr() != kept.data_ptr() and torch.equal(kept, layer.weight)

@@ -112,3 +112,11 @@ def test_only_safetensors_files_are_read(tmp_path):
     with pytest.raises(ValueError, match="not a readable safetensors file") as caught:
         load_adapter(broken)
     assert str(broken) in str(caught.value)
+
+
+def test_a_file_for_a_bigger_model_with_the_same_names_is_refused_whole(tmp_path):
+    # The real H3's shapes (hidden 5376) on our names: every entry names a module we have, none fits.
+    tensors = {**lora("diffusion_model.blocks.0.attn.out_proj", 5376, 7168),
+               **lora("diffusion_model.blocks.1.attn.out_proj", 5376, 7168, seed=2)}
+    refuse(tmp_path, tensors, "this adapter is for a different model: 2 of its 2 model entries do not fit",
+           "'blocks.1.attn.out_proj'", "(5376, 7168)", f"({HIDDEN}, {INNER})")
