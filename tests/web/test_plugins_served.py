@@ -1,0 +1,67 @@
+"""Plugins through the real command line: a pack in custom_nodes/ is loaded, its nodes listed, its
+editor extension served and confined, and a broken pack reported while the server still starts."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fetch(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_example_pack_served_by_a_real_server(tmp_path):
+    custom = tmp_path / "custom_nodes"
+    shutil.copytree(ROOT / "custom_nodes" / "example_pack", custom / "example_pack")
+    (custom / "broken_pack.py").write_text("raise RuntimeError('this pack is broken on purpose')\n")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "main.py", "--port", str(port), "--base-directory", str(tmp_path)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if fetch(base + "/api/system_stats")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert server.poll() is None, server.stdout.read().decode()
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+        status, body = fetch(base + "/api/extensions")
+        urls = json.loads(body)
+        assert status == 200 and "/extensions/example_pack/example_pack.js" in urls
+        status, script = fetch(base + "/extensions/example_pack/example_pack.js")
+        assert status == 200 and script == (ROOT / "custom_nodes/example_pack/web/example_pack.js").read_bytes()
+        for escape in ("/extensions/example_pack/..%2f__init__.py", "/extensions/example_pack/%2e%2e/nodes.py",
+                       "/extensions/example_pack/..%2f..%2f..%2fmain.py"):
+            assert fetch(base + escape)[0] in (403, 404), escape
+        info = json.loads(fetch(base + "/api/object_info")[1])
+        pack_nodes = [name for name, entry in info.items() if entry["python_module"] == "custom_nodes.example_pack"]
+        assert pack_nodes
+        stats = json.loads(fetch(base + "/api/system_stats")[1])
+        failed = {entry["name"]: entry for entry in stats["plugins"]["failed"]}
+        assert "this pack is broken on purpose" in failed["broken_pack"]["reason"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
