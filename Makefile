@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEFAULT_WORKFLOW ?= workflows/default.json
+DEFAULT_WORKFLOW ?= workflows/h3_t2va.json
 
 .PHONY: run test setup setup-test models clean
 
@@ -22,7 +22,7 @@ setup: $(VENV)/.base
 setup-test: $(VENV)/.test
 
 models: setup
-	@if [ -f models/h3/make_tiny.py ]; then $(PY) -m models.h3.make_tiny; fi
+	$(PY) -m models.h3.make_tiny
 
 run: setup models
 	$(PY) main.py run $(DEFAULT_WORKFLOW)

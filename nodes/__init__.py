@@ -9,6 +9,12 @@ BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
     "nodes.media",
+    "nodes.loaders",
+    "nodes.latent",
+    "nodes.conditioning",
+    "nodes.sampling",
+    "nodes.vae",
+    "nodes.h3",
 )
 
 

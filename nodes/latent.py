@@ -1,0 +1,185 @@
+"""Latent nodes: the empty H3 audio-video latent, and saving / loading latents as `.latent` files.
+
+An H3 LATENT carries both streams (see models/h3/__init__.py): `samples` (video, B x 24 x T' x H/16 x
+W/16), `audio_samples` (B x 32 x 2 x T_a), `frame_rate`, `length` and optional noise masks. A `.latent`
+file is safetensors: `latent_tensor` (video), `audio_latent_tensor`, optional `noise_mask` /
+`audio_noise_mask`, ComfyUI's `latent_format_version_0` marker, and `frame_rate` / `length` in its
+metadata, so a saved latent reloads bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from execution.paths import atomic_write_bytes
+from nodes.image import (
+    MAX_RESOLUTION, annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files,
+    output_target,
+)
+from nodes.spec import Input, NodeOutput, NodeSpec, Output
+
+LATENT_EXTENSION = ".latent"
+FORMAT_MARKER = "latent_format_version_0"
+# LATENT key -> tensor name in the file.
+TENSOR_KEYS = {"samples": "latent_tensor", "audio_samples": "audio_latent_tensor", "noise_mask": "noise_mask",
+               "audio_noise_mask": "audio_noise_mask"}
+LENGTH_TOOLTIP = ("Frame count at 24 fps, snapped up to the model's 17k+5 grid (124 = ~5s; trained range is "
+                  "~124-362, longer is untested)")
+
+
+# torch dtype -> safetensors dtype name, for the tensors a latent file holds.
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def serialize_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """Safetensors bytes with the header's keys in sorted order, so equal inputs give equal bytes.
+
+    (The safetensors library writes its metadata from a hash map, whose order changes between runs.)
+    """
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"cannot store tensor {name!r} of dtype {tensor.dtype} in a latent file")
+        blob = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the format recommends
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def check_latent(node: str, latent: Any, *, need: tuple[str, ...] = ("samples",), name: str = "samples") -> dict:
+    """Refuse anything that is not a LATENT dict holding the tensors `need` names."""
+    if not isinstance(latent, dict):
+        raise TypeError(f"{node}: input '{name}' must be a LATENT dict, got {type(latent).__name__}")
+    for key in need:
+        value = latent.get(key)
+        if not isinstance(value, torch.Tensor):
+            what = {"samples": "a video stream ('samples')", "audio_samples": "an audio stream ('audio_samples')"}
+            raise ValueError(f"{node}: input '{name}' has no {what.get(key, repr(key))}; it holds "
+                             f"{sorted(k for k, v in latent.items() if isinstance(v, torch.Tensor)) or 'no tensors'}")
+    return latent
+
+
+def empty_av_latent(node: str, width: int, height: int, length: int) -> dict:
+    """An empty H3 LATENT; sizes are floored to whole 16-pixel latent cells (as ComfyUI's integer division does)."""
+    from models.h3 import empty_latent
+
+    try:
+        return empty_latent(width - width % 16, height - height % 16, length)
+    except ValueError as exc:
+        raise ValueError(f"{node}: {exc}") from None
+
+
+def _empty_latent_av(width: int, height: int, length: int) -> tuple[dict]:
+    return (empty_av_latent("EmptyMiniMaxH3LatentAV", width, height, length),)
+
+
+def _save_latent(samples: dict, filename_prefix: str = "latents/ComfyUI", prompt: Any = None,
+                 extra_pnginfo: Any = None) -> NodeOutput:
+    latent = check_latent("SaveLatent", samples, need=())
+    if not any(isinstance(latent.get(key), torch.Tensor) for key in ("samples", "audio_samples")):
+        raise ValueError("SaveLatent: input 'samples' holds neither a video stream ('samples') nor an audio stream "
+                         "('audio_samples')")
+    tensors = {FORMAT_MARKER: torch.tensor([])}
+    for key, file_key in TENSOR_KEYS.items():
+        value = latent.get(key)
+        if isinstance(value, torch.Tensor):
+            tensors[file_key] = value.detach().contiguous().cpu()
+    # Sorted keys: the same latent and prompt give the same file bytes.
+    metadata = {k: json.dumps(v, sort_keys=True, default=str) for k, v in file_metadata(prompt, extra_pnginfo).items()}
+    for key in ("frame_rate", "length"):
+        if latent.get(key) is not None:
+            metadata[key] = json.dumps(latent[key])
+    path, filename, subfolder = output_target("output", filename_prefix, LATENT_EXTENSION[1:])
+    atomic_write_bytes(path, serialize_safetensors(tensors, metadata))
+    return NodeOutput.of(ui={"latents": [{"filename": filename, "subfolder": subfolder, "type": "output"}]})
+
+
+def read_latent_file(path, *, node: str = "LoadLatent") -> dict:
+    """A `.latent` file (safetensors) as an H3 LATENT value."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = dict(handle.metadata() or {})
+        tensors = load_file(str(path), device="cpu")
+    except Exception as exc:  # not safetensors: a pickle-era file or a damaged one
+        raise ValueError(f"{node}: {path.name} is not a safetensors latent file ({exc})") from None
+    if "latent_tensor" not in tensors and "audio_latent_tensor" not in tensors:
+        raise ValueError(f"{node}: {path.name} holds no 'latent_tensor' or 'audio_latent_tensor' "
+                         f"(found {', '.join(sorted(tensors)[:6]) or 'no tensors'})")
+    latent: dict[str, Any] = {}
+    for key, file_key in TENSOR_KEYS.items():
+        if file_key in tensors:
+            latent[key] = tensors[file_key]
+    for key in ("frame_rate", "length"):
+        if key in metadata:
+            try:
+                latent[key] = json.loads(metadata[key])
+            except json.JSONDecodeError:
+                raise ValueError(f"{node}: {path.name} has an unreadable {key!r} entry: {metadata[key]!r}") from None
+    return latent
+
+
+def _load_latent(latent: str) -> tuple[dict]:
+    path = annotated_path(latent)
+    if not path.is_file():
+        raise FileNotFoundError(f"LoadLatent: latent file {latent!r} not found (searched folder: {input_folder()})")
+    return (read_latent_file(path),)
+
+
+def _load_latent_fingerprint(latent: str, **_other: Any) -> str:
+    return file_sha256(annotated_path(latent))
+
+
+def _load_latent_validate(latent: Any = None, **_other: Any) -> bool | str:
+    return check_input_file("LoadLatent", "latent", latent)
+
+
+def _size(name: str) -> Any:
+    return Input.int(name, 1344 if name == "width" else 768, min=32, max=MAX_RESOLUTION, step=32)
+
+
+NODES = [
+    NodeSpec(
+        node_id="EmptyMiniMaxH3LatentAV", display_name="Empty MiniMax H3 AV Latent", category="model/latent/minimax",
+        python_module="comfy_extras.nodes_minimax_h3",
+        description="Joint video+audio latent for MiniMax H3. Duration snaps to the model's 17k+5 frame grid at 24 fps.",
+        execute=_empty_latent_av,
+        inputs=[_size("width"), _size("height"), Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP)],
+        outputs=[Output("LATENT")],
+    ),
+    NodeSpec(
+        node_id="SaveLatent", display_name="Save Latent", category="_for_testing", python_module="nodes",
+        description="Saves a latent (both H3 streams) as a safetensors .latent file in the output folder.",
+        execute=_save_latent, output_node=True,
+        inputs=[
+            Input.link("samples", "LATENT"),
+            Input.string("filename_prefix", "latents/ComfyUI"),
+            Input.hidden("prompt", "PROMPT"), Input.hidden("extra_pnginfo", "EXTRA_PNGINFO"),
+        ],
+        outputs=[],
+    ),
+    NodeSpec(
+        node_id="LoadLatent", display_name="Load Latent", category="_for_testing", python_module="nodes",
+        description="Loads a .latent file (safetensors) from the input folder.",
+        execute=_load_latent,
+        inputs=[Input.combo("latent", lambda: list_input_files((LATENT_EXTENSION,)), folder=input_folder)],
+        outputs=[Output("LATENT")],
+        fingerprint=_load_latent_fingerprint, validate_inputs=_load_latent_validate,
+        validate_takes=frozenset({"latent"}),
+    ),
+]

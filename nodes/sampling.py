@@ -1,0 +1,264 @@
+"""Sampling nodes: noise, sampler choice, schedule, guider, the custom sampler and KSampler.
+
+Value types on the wires:
+- NOISE: `Noise` (a seed; `generate_noise(latent)` gives the video and audio noise the sampler adds).
+- SAMPLER: `Sampler` (a stepper name: euler or res_multistep, both flow-matching integrators).
+- SIGMAS: a float32 tensor of video sigmas ending at 0 (the audio sigmas are derived from them).
+- GUIDER: `Guider` (a MODEL with its positive conditioning, and optionally a negative one and a CFG scale).
+
+The H3 models are guidance-distilled: BasicGuider (one forward per step) is how the official workflows
+sample. KSampler with cfg != 1 runs a second forward on the negative conditioning per step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from execution.context import current
+from nodes.latent import check_latent
+from nodes.loaders import check_model
+from nodes.spec import Input, NodeSpec, Output
+
+SAMPLER_NAMES = ("euler", "res_multistep")
+SCHEDULER_NAMES = ("simple",)
+SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def model_shifts(model: Any) -> tuple[float, float]:
+    """(video shift, audio shift) of a MODEL: MiniMaxH3SigmaShift's values, else the model config's."""
+    shifts = getattr(model, "h3_shifts", None)
+    if shifts is not None:
+        return float(shifts[0]), float(shifts[1])
+    config = getattr(getattr(model, "model", model), "config", None)
+    return float(getattr(config, "shift_video", 12.0)), float(getattr(config, "shift_audio", 3.0))
+
+
+class Noise:
+    """NOISE: the seed of the initial noise (one CPU generator: video first, then audio)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def generate_noise(self, latent: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(video noise, audio noise) shaped like the latent's two streams."""
+        from models.h3.sampling import make_noise
+
+        return make_noise(latent, self.seed)
+
+    def __repr__(self) -> str:
+        return f"Noise(seed={self.seed})"
+
+
+class Sampler:
+    """SAMPLER: the name of a flow-matching stepper."""
+
+    def __init__(self, name: str) -> None:
+        if name not in SAMPLER_NAMES:
+            raise ValueError(f"sampler {name!r} is not supported; choose one of {', '.join(SAMPLER_NAMES)}")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Sampler({self.name!r})"
+
+
+class _GuidedModel:
+    """A model forward that mixes a positive and a negative pass: v = v_neg + cfg * (v_pos - v_neg)."""
+
+    def __init__(self, handle: Any, negative: list, cfg: float, frames: int) -> None:
+        self.handle = handle
+        self.model = handle.model
+        self.negative = negative
+        self.cfg = float(cfg)
+        self.frames = frames
+
+    def __call__(self, video, audio, context, sigma_video, sigma_audio, *, context_mask=None, conditions=None,
+                 video_mask=None, audio_mask=None, condition_seed=0):
+        from models.h3 import packing
+        from models.h3.sampling import _conditioning
+
+        common = dict(video_mask=video_mask, audio_mask=audio_mask, condition_seed=condition_seed)
+        v_pos, a_pos = self.handle(video, audio, context, sigma_video, sigma_audio, context_mask=context_mask,
+                                   conditions=conditions, **common)
+        hidden, extras = _conditioning(self.negative)
+        b, _, _, lh, lw = video.shape
+        items = [packing.condition_items(extras, i, target_frames=self.frames, latent_h=lh + lh % 2,
+                                         latent_w=lw + lw % 2, audio_t=audio.shape[-1]) for i in range(b)]
+        mask = extras.get("attention_mask")
+        v_neg, a_neg = self.handle(video, audio, hidden.to(video.device), sigma_video, sigma_audio,
+                                   context_mask=mask.to(video.device) if mask is not None else None,
+                                   conditions=items, **common)
+        return v_neg + self.cfg * (v_pos - v_neg), a_neg + self.cfg * (a_pos - a_neg)
+
+
+class Guider:
+    """GUIDER: a MODEL with its conditioning; `sample` runs the flow sampler with it."""
+
+    def __init__(self, model: Any, positive: list, negative: list | None = None, cfg: float = 1.0) -> None:
+        self.model = model
+        self.positive = positive
+        self.negative = negative
+        self.cfg = float(cfg)
+
+    def sample(self, noise: Noise | None, latent: dict, sampler: Sampler, sigmas: torch.Tensor, *,
+               node: str = "SamplerCustomAdvanced") -> tuple[dict, dict]:
+        """(final LATENT, last denoised estimate as a LATENT); reports progress per step."""
+        from models.h3.sampling import sample
+
+        latent = check_latent(node, latent, need=("samples", "audio_samples"), name="latent_image")
+        ctx = current()
+        last: dict[str, torch.Tensor] = {}
+
+        def on_step(step: int, total: int, denoised: dict) -> None:
+            last.update(denoised)
+            ctx.progress(step, total)
+
+        runner = self.model
+        if self.negative is not None and self.cfg != 1.0:
+            frames = int(latent.get("length") or 0) or _pixel_frames(latent["samples"].shape[2])
+            runner = _GuidedModel(self.model, self.negative, self.cfg, frames)
+        video_shift, audio_shift = model_shifts(self.model)
+        sigmas = torch.as_tensor(sigmas, dtype=torch.float32).flatten()
+        try:
+            out = sample(runner, latent, self.positive, sigmas, noise.seed if noise is not None else 0, sampler.name,
+                         callback=on_step, video_shift=video_shift, audio_shift=audio_shift,
+                         add_noise=noise is not None)
+        except ValueError as exc:
+            raise ValueError(f"{node}: {exc}") from None
+        denoised = dict(out)
+        if last:
+            denoised["samples"] = last["samples"].to(out["samples"].dtype)
+            denoised["audio_samples"] = last["audio_samples"].to(out["audio_samples"].dtype)
+        return out, denoised
+
+
+def _pixel_frames(latent_t: int) -> int:
+    from models.h3 import pixel_frames
+
+    return pixel_frames(latent_t)
+
+
+def _check_conditioning(node: str, value: Any, name: str) -> list:
+    if not isinstance(value, list) or not value or not isinstance(value[0], (list, tuple)):
+        raise TypeError(f"{node}: input '{name}' must be a CONDITIONING, got {type(value).__name__}")
+    return value
+
+
+# ---------------------------------------------------------------------- node functions
+def _random_noise(noise_seed: int) -> tuple[Noise]:
+    return (Noise(noise_seed),)
+
+
+def _ksampler_select(sampler_name: str) -> tuple[Sampler]:
+    return (Sampler(sampler_name),)
+
+
+def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float) -> torch.Tensor:
+    from models.h3 import sigmas
+
+    if scheduler not in SCHEDULER_NAMES:
+        raise ValueError(f"{node}: scheduler {scheduler!r} is not supported; choose one of {', '.join(SCHEDULER_NAMES)}")
+    video_shift, _ = model_shifts(model)
+    try:
+        return sigmas(int(steps), float(denoise), shift=video_shift)
+    except ValueError as exc:
+        raise ValueError(f"{node}: {exc}") from None
+
+
+def _basic_scheduler(model: Any, scheduler: str, steps: int, denoise: float) -> tuple[torch.Tensor]:
+    return (_schedule("BasicScheduler", check_model("BasicScheduler", model), scheduler, steps, denoise),)
+
+
+def _basic_guider(model: Any, conditioning: list) -> tuple[Guider]:
+    model = check_model("BasicGuider", model)
+    return (Guider(model, _check_conditioning("BasicGuider", conditioning, "conditioning")),)
+
+
+def _sampler_custom_advanced(noise: Noise, guider: Guider, sampler: Sampler, sigmas: torch.Tensor,
+                             latent_image: dict) -> tuple[dict, dict]:
+    node = "SamplerCustomAdvanced"
+    for value, cls, name in ((noise, Noise, "noise"), (guider, Guider, "guider"), (sampler, Sampler, "sampler")):
+        if not isinstance(value, cls):
+            raise TypeError(f"{node}: input '{name}' must be a {name.upper()}, got {type(value).__name__}")
+    return guider.sample(noise, latent_image, sampler, sigmas, node=node)
+
+
+def _ksampler(model: Any, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str, positive: list,
+              negative: list, latent_image: dict, denoise: float = 1.0) -> tuple[dict]:
+    node = "KSampler"
+    model = check_model(node, model)
+    schedule = _schedule(node, model, scheduler, steps, denoise)
+    guider = Guider(model, _check_conditioning(node, positive, "positive"),
+                    _check_conditioning(node, negative, "negative"), cfg)
+    out, _ = guider.sample(Noise(seed), latent_image, Sampler(sampler_name), schedule, node=node)
+    return (out,)
+
+
+_SEED_TIP = "The random seed used for creating the noise."
+
+NODES = [
+    NodeSpec(
+        node_id="RandomNoise", display_name="RandomNoise", category="sampling/custom_sampling/noise",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_random_noise,
+        inputs=[Input.int("noise_seed", 0, min=0, max=SEED_MAX, control_after_generate=True, tooltip=_SEED_TIP)],
+        outputs=[Output("NOISE")],
+    ),
+    NodeSpec(
+        node_id="KSamplerSelect", display_name="KSamplerSelect", category="sampling/custom_sampling/samplers",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_ksampler_select,
+        description="Picks the stepper: euler (first order) or res_multistep (second-order multistep); both "
+                    "integrate the flow-matching ODE of the H3 models.",
+        inputs=[Input.combo("sampler_name", list(SAMPLER_NAMES), "euler")],
+        outputs=[Output("SAMPLER")],
+    ),
+    NodeSpec(
+        node_id="BasicScheduler", display_name="BasicScheduler", category="sampling/custom_sampling/schedulers",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_basic_scheduler,
+        description="The 'simple' schedule of the model's shifted flow sigmas (steps + 1 values ending at 0).",
+        inputs=[
+            Input.link("model", "MODEL"),
+            Input.combo("scheduler", list(SCHEDULER_NAMES), "simple"),
+            Input.int("steps", 20, min=1, max=10000),
+            Input.float("denoise", 1.0, min=0.0, max=1.0, step=0.01),
+        ],
+        outputs=[Output("SIGMAS")],
+    ),
+    NodeSpec(
+        node_id="BasicGuider", display_name="BasicGuider", category="sampling/custom_sampling/guiders",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_basic_guider,
+        inputs=[Input.link("model", "MODEL"), Input.link("conditioning", "CONDITIONING")],
+        outputs=[Output("GUIDER")],
+    ),
+    NodeSpec(
+        node_id="SamplerCustomAdvanced", display_name="SamplerCustomAdvanced", category="sampling/custom_sampling",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_sampler_custom_advanced,
+        description="Denoises the latent (both H3 streams) along the sigmas with the guider's model.",
+        inputs=[
+            Input.link("noise", "NOISE"), Input.link("guider", "GUIDER"), Input.link("sampler", "SAMPLER"),
+            Input.link("sigmas", "SIGMAS"), Input.link("latent_image", "LATENT"),
+        ],
+        outputs=[Output("LATENT", "output"), Output("LATENT", "denoised_output")],
+    ),
+    NodeSpec(
+        node_id="KSampler", display_name="KSampler", category="sampling", python_module="nodes",
+        description="Uses the provided model, positive and negative conditioning to denoise the latent image.",
+        execute=_ksampler,
+        inputs=[
+            Input.link("model", "MODEL", tooltip="The model used for denoising the input latent."),
+            Input.int("seed", 0, min=0, max=SEED_MAX, control_after_generate=True, tooltip=_SEED_TIP),
+            Input.int("steps", 20, min=1, max=10000, tooltip="The number of steps used in the denoising process."),
+            Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                        tooltip="The Classifier-Free Guidance scale; 1.0 runs one forward per step (the H3 models "
+                                "are guidance-distilled)."),
+            Input.combo("sampler_name", list(SAMPLER_NAMES), "euler",
+                        tooltip="The algorithm used when sampling."),
+            Input.combo("scheduler", list(SCHEDULER_NAMES), "simple",
+                        tooltip="The scheduler controls how noise is gradually removed to form the image."),
+            Input.link("positive", "CONDITIONING", tooltip="The conditioning describing what to include."),
+            Input.link("negative", "CONDITIONING", tooltip="The conditioning describing what to exclude."),
+            Input.link("latent_image", "LATENT", tooltip="The latent to denoise."),
+            Input.float("denoise", 1.0, min=0.0, max=1.0, step=0.01, tooltip="The amount of denoising applied."),
+        ],
+        outputs=[Output("LATENT", tooltip="The denoised latent.")],
+    ),
+]
