@@ -113,6 +113,9 @@ class Prompt:
 
     nodes: dict[str, PromptNode] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    # Node -> the node that runs in its place when an output needs it (a loop body node -> its End
+    # Loop, which copies the body per iteration); filled by validation's graph checks.
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> "Prompt":

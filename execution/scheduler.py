@@ -17,7 +17,12 @@ State of one run (`_RunState`), all of it in one place:
                  are released (the cache may still hold them)
     expansions   expanded node -> its result template, resolved once its sub-graph finished
 
-Only what the outputs need and the cache lacks runs. Lazy inputs are requested through
+Only what the outputs need and the cache lacks runs; an output that has a stand-in
+(`prompt.stand_ins`: a loop body node) is reached through it. Link inputs a node does not declare are
+plain dependencies: waited for and kept alive, never passed to execute. A salted node (never cached)
+whose only waiter is the node that expanded it hands its own expansion to that node ("tail
+expansion"), so a chain of steps (loop iterations) holds one step instead of one per iteration.
+Lazy inputs are requested through
 `check_lazy_status` and the node is re-staged until satisfied. A node not marked input-is-list is
 called once per element of its list inputs (shorter lists repeat their last element); outputs marked
 is-list concatenate. `ExecutionBlocker` values skip their consumers. Interruption and cancellation
@@ -207,8 +212,10 @@ class _RunState:
         for node_id in (node_ids if ordered else self.prompt.topological_order(node_ids)):
             node = self.prompt.nodes[node_id]
             spec = self.registry.get(node.class_type)
+            # A salted node's key is unique (a loop iteration that opts out of caching): memoising
+            # it would only grow the memo by one entry per iteration.
             self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint,
-                                                     memo=self.ex.signature_memo)
+                                                     memo=self.ex.signature_memo if node.salt is None else None)
 
     # ------------------------------------------------------------------ needing nodes
     def _deps_of(self, node: PromptNode, spec) -> set[str]:
@@ -233,7 +240,8 @@ class _RunState:
             if node_id not in self.signature:  # an expansion linked to a node outside the outputs' ancestry
                 self.compute_signatures([n for n in self.prompt.ancestors([node_id]) if n not in self.signature])
             signature = self.signature[node_id]
-            self.used_signatures.add(signature)
+            if node.salt is None:  # a salted node is never stored, so the cache need not keep its key
+                self.used_signatures.add(signature)
             hit = self.cache.get(signature)
             if hit is not None:
                 self.values[node_id] = hit.outputs
@@ -313,7 +321,8 @@ class _RunState:
                 order = self.prompt.ordered_ancestors(outputs)
             self.compute_signatures(order, ordered=True)
             self.output_roots = set()
-            self.need(outputs)
+            stand_ins = self.prompt.stand_ins
+            self.need(list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs)
             if self.cached_now:
                 self.emit("execution_cached", {"nodes": list(self.cached_now), "prompt_id": self.prompt_id,
                                                "timestamp": timestamp_ms()})
@@ -677,14 +686,46 @@ class _RunState:
                 else:
                     resolved.append(value)
             template.append(resolved)
-        self.expansions[node.id] = template
+        # Output nodes of the expansion run: those no other child consumes become targets; a consumed
+        # one runs when its consumer does (so a loop step, not the whole loop, holds an iteration's).
+        consumed = {link.node for child in new_ids for _, link in self.prompt.nodes[child].links()}
         for child in new_ids:
             child_spec = self.registry.get(self.prompt.nodes[child].class_type)
-            if child_spec.output_node:
+            if child_spec.output_node and child not in consumed:
                 targets.add(child)
+        if node.salt is not None and node.parent in self.expansions and self.waiters.get(node.id) == {node.parent}:
+            self._hand_over(node, template, targets, new_ids)
+            return
+        self.expansions[node.id] = template
         stack: list[str] = []
         self._wait_for(node.id, targets, stack)
         self.need(stack)
+
+    def _hand_over(self, node: PromptNode, template: list[list[Any]], targets: set[str], new_ids: list[str]) -> None:
+        """Tail expansion: the parent waits for `node`'s result only, so it adopts `node`'s expansion
+        (result links, targets, children) and `node`, which has nothing left to do, is dropped."""
+        parent_id = node.parent
+        for items in self.expansions[parent_id]:
+            if any(type(item) is Link and item.node == node.id for item in items):
+                items[:] = [part for item in items for part in (
+                    template[item.output] if type(item) is Link and item.node == node.id else (item,))]
+        for child in new_ids:
+            self.prompt.nodes[child].parent = parent_id
+        self.waiters.pop(node.id, None)
+        self.uses.pop(node.id, None)
+        self.deps.get(parent_id, set()).discard(node.id)
+        blocked = self.blocked_by.get(parent_id)
+        if blocked is not None:
+            blocked.discard(node.id)
+        stack: list[str] = []
+        self._wait_for(parent_id, targets, stack)
+        self.need(stack)
+        # Only now release what `node` read, so values its expansion also reads stay alive.
+        self._consumed(node.id)
+        self.pending.discard(node.id)
+        self.lazy_requested.pop(node.id, None)
+        del self.prompt.nodes[node.id]
+        self.signature.pop(node.id, None)
 
     def _resolve_expansion(self, node_id: str) -> None:
         template = self.expansions.pop(node_id)

@@ -9,6 +9,7 @@ BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
     "nodes.media",
+    "nodes.loops",
     "nodes.loaders",
     "nodes.latent",
     "nodes.conditioning",

@@ -236,8 +236,74 @@ class TestValidated:
         return (value,)
 
 
+class TestRecord:
+    """An output node with an output: records each value it sees (in order) and passes it on."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("*", {})}, "optional": {"label": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ("*",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, label=""):
+        return {"ui": {"values": [value], "labels": [label]}, "result": (value,)}
+
+
+class TestMixedList:
+    """A list output mixing images ([B, H, W, C] tensors) and strings."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"size": ("INT", {"default": 2, "min": 1, "max": 64})}}
+
+    RETURN_TYPES = ("*",)
+    OUTPUT_IS_LIST = (True,)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, size):
+        import torch
+
+        first = torch.arange(size * size * 3, dtype=torch.float32).reshape(1, size, size, 3) / (size * size * 3)
+        return ([first, "a caption", torch.ones(2, size + 1, size, 3) * 0.25],)
+
+
+class TestTag:
+    """Joins a tag and any value into a string: `tag:value`."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("*", {}), "tag": ("STRING", {"default": "t"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, tag):
+        return (f"{tag}:{value}",)
+
+
+class TestGraphSize:
+    """How many nodes the live graph holds when this node runs (for bounded-memory checks)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("*", {})}, "hidden": {"dynprompt": "DYNPROMPT"}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value, dynprompt=None):
+        return (len(dynprompt.nodes),)
+
+
 NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls in (
     TestConst, TestAdd, TestMul, TestLazySelect, TestExpandAddChain, TestOutput, TestListSource, TestListSum,
     TestFail, TestSlow, TestAsyncAdd, TestBlock, TestAlwaysChanged, TestNotIdempotent, TestValidated,
+    TestRecord, TestMixedList, TestTag, TestGraphSize,
 )}
 NODE_DISPLAY_NAME_MAPPINGS = {"TestOutput": "Test Output"}
