@@ -765,7 +765,7 @@ END_LOOP = NodeSpec(
 )
 
 LOOP_STEP = NodeSpec(
-    node_id="LoopStep", display_name="Loop Step (internal)", category=CATEGORY + "/internal",
+    node_id="LoopStep", display_name="Loop Step (internal)", category=CATEGORY + "/internal", dev_only=True,
     description="Internal to Start Loop / End Loop: plans a loop, collects one iteration and expands the next. "
                 "Made by End Loop; not for use in the editor.",
     input_is_list=True,
@@ -778,7 +778,7 @@ LOOP_STEP = NodeSpec(
 )
 
 LOOP_ITERATION = NodeSpec(
-    node_id="LoopIteration", display_name="Loop Iteration (internal)", category=CATEGORY + "/internal",
+    node_id="LoopIteration", display_name="Loop Iteration (internal)", category=CATEGORY + "/internal", dev_only=True,
     description="Internal to Start Loop / End Loop: what Start Loop's outputs are in one iteration. Made by "
                 "LoopStep; not for use in the editor.",
     input_is_list=True,

@@ -127,6 +127,7 @@ class NodeSpec:
     experimental: bool = False
     search_aliases: Sequence[str] = ()
     has_intermediate_output: bool = False
+    dev_only: bool = False  # an engine-internal node: the editor lists it only in developer mode
     # Names of inputs the validate_inputs hook takes whole (no per-value check), as ComfyUI does.
     validate_takes: frozenset[str] = frozenset()
 
@@ -140,6 +141,7 @@ class NodeSpec:
         dynamic = any(i.type in (DYNAMIC_COMBO, AUTOGROW) for i in self.inputs)
         # Most nodes have no dynamic inputs: their flat inputs are the same for every instance.
         self._static_flat = None if dynamic else dict(self._by_name)
+        self._slot_cache: dict[str, dict[str, InputSpec]] = {}
         self._check()
 
     # ------------------------------------------------------------------ registration checks
@@ -219,14 +221,22 @@ class NodeSpec:
                 for sub in spec.dynamic_options[chosen]:
                     flat[f"{spec.name}.{sub.name}"] = sub
             elif spec.type == AUTOGROW:
-                for i, slot_name in enumerate(spec.slot_names()):
-                    slot = dataclasses.replace(
-                        spec.template, name=slot_name, kind="required" if i < spec.grow_min else "optional",
-                    )
-                    flat[f"{spec.name}.{slot_name}"] = slot
+                flat.update(self._grow_slots(spec))
             else:
                 flat[spec.name] = spec
         return flat
+
+    def _grow_slots(self, spec: InputSpec) -> dict[str, InputSpec]:
+        """An auto-grow group's slot inputs by flat key, built once per group."""
+        cached = self._slot_cache.get(spec.name)
+        if cached is None:
+            cached = {
+                f"{spec.name}.{slot_name}": dataclasses.replace(
+                    spec.template, name=slot_name, kind="required" if i < spec.grow_min else "optional")
+                for i, slot_name in enumerate(spec.slot_names())
+            }
+            self._slot_cache[spec.name] = cached
+        return cached
 
     def normalize_input_names(self, values: dict[str, Any]) -> dict[str, Any]:
         """Accept bare auto-grow slot names (`termination0`) for `terminations.termination0`."""
@@ -296,7 +306,7 @@ class NodeSpec:
             "output_node": self.output_node,
             "deprecated": self.deprecated,
             "experimental": self.experimental,
-            "dev_only": None,
+            "dev_only": True if self.dev_only else None,
             "api_node": False,
             "price_badge": None,
             "search_aliases": list(self.search_aliases) or None,
