@@ -16,6 +16,7 @@ BUILTIN_PACKS = (
     "nodes.sampling",
     "nodes.vae",
     "nodes.h3",
+    "nodes.h3_control",
 )
 
 

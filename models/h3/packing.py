@@ -129,6 +129,15 @@ class ConditionItem:
     kind: str = "image"
 
 
+def _pad_to_patches(video: torch.Tensor) -> torch.Tensor:
+    # (24, t, h, w) with an odd h or w -> whole 2x2 patches by repeating the last row / column, as the
+    # transformer pads an odd target grid.
+    pad_h, pad_w = video.shape[-2] % 2, video.shape[-1] % 2
+    if not (pad_h or pad_w):
+        return video
+    return torch.nn.functional.pad(video, (0, pad_w, 0, pad_h), mode="replicate")
+
+
 def _batch_item(tensor: torch.Tensor | None, index: int, ndim: int, what: str) -> torch.Tensor | None:
     if tensor is None:
         return None
@@ -161,9 +170,14 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
         if not 0 <= index < target_frames:
             raise ValueError(f"{what} frame_index {kf.get('frame_index')} is outside the clip of {target_frames} frames")
         if video is not None:
-            if video.shape[0] != VIDEO_CHANNELS or tuple(video.shape[2:]) != (latent_h, latent_w):
+            # latent_h / latent_w may be the target's grid or that grid padded to whole patches.
+            padded = (video.shape[2] + video.shape[2] % 2, video.shape[3] + video.shape[3] % 2)
+            grid_ok = tuple(video.shape[2:]) == (latent_h, latent_w) or padded == (latent_h, latent_w)
+            if video.shape[0] != VIDEO_CHANNELS or not grid_ok:
                 raise ValueError(f"{what} latent has shape {tuple(video.shape)}; expected ({VIDEO_CHANNELS}, t, "
                                  f"{latent_h}, {latent_w}) to match the target latent grid")
+            if padded == (latent_h, latent_w):
+                video = _pad_to_patches(video)
             end = index + pixel_frames(video.shape[1])
             if end > target_frames:
                 raise ValueError(f"{what} covers frames {index}..{end - 1} but the clip has {target_frames} frames")
@@ -184,6 +198,8 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
             raise ValueError(f"{what} is an image but its latent has {video.shape[1]} frames")
         if kind == "audio" and audio is None:
             raise ValueError(f"{what} of kind 'audio' has no audio_latent")
+        if video is not None:
+            video = _pad_to_patches(video)
         items.append(ConditionItem("reference", video=video if kind != "audio" else None,
                                    audio=audio if kind != "image" else None, kind=kind))
     return items

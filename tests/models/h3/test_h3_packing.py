@@ -102,6 +102,23 @@ def test_keyframe_refusals(kf, message):
         _items(**kf)
 
 
+def test_keyframes_and_references_on_odd_grids_are_padded_to_whole_patches():
+    # A 3x5 target latent is padded to 4x6 by the transformer; a 3x5 guide gets the same padding.
+    guide = torch.randn(1, 24, 1, 3, 5)
+    (item,) = packing.condition_items({"keyframes": [{"frame_index": 0, "latent": guide}]}, 0, target_frames=22,
+                                      latent_h=4, latent_w=6, audio_t=37)
+    assert tuple(item.video.shape) == (24, 1, 4, 6)
+    torch.testing.assert_close(item.video[:, :, :3, :5], guide[0])
+    torch.testing.assert_close(item.video[:, :, 3], item.video[:, :, 2])
+    torch.testing.assert_close(item.video[:, :, :, 5], item.video[:, :, :, 4])
+    (ref,) = packing.condition_items({"references": [{"kind": "image", "latent": torch.randn(1, 24, 1, 3, 3)}]}, 0,
+                                     target_frames=22, latent_h=4, latent_w=6, audio_t=37)
+    assert tuple(ref.video.shape) == (24, 1, 4, 4)
+    layout = packing.build_layout(2, 7, 4, 6, 37, [item, ref])
+    assert [(s.role, s.stop - s.start) for s in layout.segments][:3] == [("text", 2), ("cond_video", 6),
+                                                                         ("ref_video", 4)]
+
+
 def test_video_mask_reduced_by_max_to_patch_grid_and_quantised():
     mask = torch.zeros(2, 4)
     mask[0, 1] = 0.3
