@@ -6,16 +6,26 @@ causal attention head down to 32 channels and a 1x1 mean projection. Decoder: a 
 vocoder-style stack of transposed convolutions (rates 5, 5, 2, 2, 2, 2, 2: 800 in all) with multi-kernel
 residual blocks and anti-aliased SnakeBeta activations. Latents are normalised with per-channel
 `latents_mean` / `latents_std` stored with the weights. Parameter names are the original checkpoint's.
+
+Long audio is decoded in overlapping chunks (each with context frames on both sides, neighbours
+cross-faded linearly) written into one preallocated output; unless the caller fixes the chunk length,
+it is sized from the free device memory and the measured per-frame cost of the first chunk. Every
+weight, including the activations' alpha/beta and the attention biases, reaches its op through the
+memory manager's take/release (models/memory.py).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import memory
+from models.h3 import tiling
 from models.h3.layers import attention, compute_device, op
 
 SAMPLE_RATE = 32000
@@ -45,6 +55,16 @@ class AudioVAEConfig:
 TINY_CONFIG = AudioVAEConfig(encoder_dim=4, latent_dim=256, decoder_dim=128, resblock_kernels=(3,), resblock_dilations=(1,))
 
 
+@contextlib.contextmanager
+def _held(module: nn.Module, dtype: torch.dtype) -> Iterator[dict[str, torch.Tensor]]:
+    # A module's own parameters and buffers (not its children's), taken through the memory manager for one op.
+    tensors = memory.take_named(module, dtype=dtype)
+    try:
+        yield tensors
+    finally:
+        memory.release(module)
+
+
 def _snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     # x + sin^2(alpha x) / beta
     return x + torch.sin(alpha * x).pow(2) / (beta + 1e-9)
@@ -58,8 +78,9 @@ class Snake1d(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.alpha.to(x.dtype)
-        return _snake(x, a, a)
+        with _held(self, x.dtype) as own:
+            a = own["alpha"]
+            return _snake(x, a, a)
 
 
 class SnakeBeta(nn.Module):
@@ -71,7 +92,10 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _snake(x, self.alpha.exp().to(x.dtype).view(1, -1, 1), self.beta.exp().to(x.dtype).view(1, -1, 1))
+        with _held(self, torch.float32) as own:  # exp in float32, then the activation's dtype
+            alpha = own["alpha"].exp().to(x.dtype).view(1, -1, 1)
+            beta = own["beta"].exp().to(x.dtype).view(1, -1, 1)
+        return _snake(x, alpha, beta)
 
 
 def kaiser_sinc(cutoff: float, half_width: float, kernel_size: int) -> torch.Tensor:
@@ -107,7 +131,8 @@ class AntiAliasedActivation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, length = x.shape
         k = self.KERNEL
-        filt = self.filter.to(x.dtype).view(1, 1, k)
+        with _held(self, x.dtype) as own:
+            filt = own["filter"].view(1, 1, k)
         # Channels fold into the batch so the single-channel filter runs as a plain (fast) convolution.
         x = x.reshape(n * c, 1, length)
         # Upsample by 2: transposed conv of the replicate-padded signal, cropped to exactly 2x the input.
@@ -193,7 +218,9 @@ class CausalAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        qkv = self.qkv(x) + torch.cat([self.q_bias, self.zero_k_bias, self.v_bias]).to(x.dtype)
+        with _held(self, x.dtype) as own:
+            bias = torch.cat([own["q_bias"], own["zero_k_bias"], own["v_bias"]])
+        qkv = self.qkv(x) + bias
         q, k, v = qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, D)
         out = attention(q, k, v, causal=True).mean(dim=1)  # (B, N, D)
         return self.proj(F.adaptive_avg_pool1d(out, self.out_dim))
@@ -279,14 +306,15 @@ class AudioVAE(nn.Module):
         self.decoder = Vocoder(cfg)
         self.register_buffer("latents_mean", torch.zeros(cfg.latent_channels))
         self.register_buffer("latents_std", torch.ones(cfg.latent_channels))
+        # Measured activation bytes per decoded latent frame, per (lanes x batch, dtype, device).
+        self.frame_costs: dict[tuple, int] = {}
+        # The [start, stop) latent frames of each chunk the last decode wrote.
+        self.last_chunks: list[tuple[int, int]] = []
 
     @property
     def sample_rate(self) -> int:
         """Waveform sample rate in Hz (32000)."""
         return self.config.sample_rate
-
-    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.latents_mean.view(1, -1, 1).to(like), self.latents_std.view(1, -1, 1).to(like))
 
     def encode(self, waveform: torch.Tensor) -> torch.Tensor:
         """(B, 2, S) or (2, S) at 32 kHz in [-1, 1] -> (B, 32, 2, ceil(S / 800)); S is zero-padded to whole hops."""
@@ -297,63 +325,102 @@ class AudioVAE(nn.Module):
         b, lanes, length = w.shape
         if length == 0:
             raise ValueError("audio VAE encode got an empty waveform")
-        with torch.no_grad():
+        with torch.no_grad(), _held(self, torch.float32) as stats:
             dtype = self.mean_proj.weight.dtype
             x = F.pad(w.float(), (0, (-length) % hop)).reshape(b * lanes, 1, -1)
             x = x.to(device=compute_device(self), dtype=dtype)
             h = self.encoder(x)                                     # (N, latent_dim, T)
             h = self.pre_block(h.transpose(1, 2)).transpose(1, 2)   # (N, 32, T)
             z = self.mean_proj(h).float()
-            mean, std = self._stats(z)
-            z = (z - mean) / std
+            z = (z - stats["latents_mean"].view(1, -1, 1)) / stats["latents_std"].view(1, -1, 1)
             return z.reshape(b, lanes, z.shape[1], z.shape[2]).permute(0, 2, 1, 3)
 
     def decode(self, latents: torch.Tensor, *, chunk_frames: int | None = None, overlap_frames: int = 8) -> torch.Tensor:
-        """(B, 32, 2, T) -> (B, 2, T * 800) float32 waveform at 32 kHz in [-1, 1].
+        """(B, 32, 2, T) -> (B, 2, T * 800) float32 waveform at 32 kHz in [-1, 1], on the CPU.
 
-        chunk_frames: decode in chunks of this many latent frames with `overlap_frames` of context on each
-        side, cross-faded linearly (None: one shot).
+        Decoded in chunks of `chunk_frames` latent frames, each with `overlap_frames` of context on both
+        sides, neighbouring chunks cross-faded linearly over `overlap_frames`. chunk_frames=None sizes the
+        chunks automatically: the first (AUTO_FIRST_CHUNK frames) is measured, the rest fit in the free
+        device memory at that measured per-frame cost (audio this short or memory this plentiful is one
+        chunk, i.e. one shot). An out-of-memory error halves the chunk and retries.
         """
         cfg = self.config
         if latents.dim() != 4 or latents.shape[1] != cfg.latent_channels or latents.shape[2] != 2:
             raise ValueError(f"audio VAE decode expects latents (B, {cfg.latent_channels}, 2, T), got {tuple(latents.shape)}")
         b, c, lanes, t = latents.shape
-        with torch.no_grad():
+        if t == 0:
+            return torch.zeros(b, lanes, 0)  # an image workflow's audio stream: no frames, no samples
+        if overlap_frames < 1:
+            raise ValueError(f"audio decode overlap ({overlap_frames} frames) must be at least 1 frame")
+        if chunk_frames is not None and chunk_frames < t and chunk_frames < 2 * overlap_frames:
+            raise ValueError(f"audio decode chunk ({chunk_frames} frames) must be at least twice its overlap "
+                             f"({overlap_frames}), and the overlap at least 1 frame")
+        with torch.no_grad(), _held(self, torch.float32) as stats:
             z = latents.permute(0, 2, 1, 3).reshape(b * lanes, c, t).to(compute_device(self), torch.float32)
-            mean, std = self._stats(z)
-            z = z * std + mean
-            if chunk_frames is None or chunk_frames >= t:
-                wave = self._decode_frames(z)
-            else:
-                wave = self._decode_chunked(z, chunk_frames, overlap_frames)
+            z = z * stats["latents_std"].view(1, -1, 1) + stats["latents_mean"].view(1, -1, 1)
+            wave = self._decode_chunked(z, chunk_frames, overlap_frames)
             return wave.reshape(b, lanes, -1)
 
     def _decode_frames(self, z: torch.Tensor) -> torch.Tensor:
+        """Denormalised latents (N, 32, T) -> waveform (N, T * hop), float32."""
         dtype = self.dec_in_proj.weight.dtype
         return self.decoder(self.dec_in_proj(z.to(dtype))).float()[:, 0]  # (N, T * hop)
 
-    def _decode_chunked(self, z: torch.Tensor, chunk: int, overlap: int) -> torch.Tensor:
-        # Chunks [start, start + chunk) decoded with `overlap` frames of context on each side; neighbouring
-        # chunks share `overlap` frames that are cross-faded linearly, written into one output buffer.
+    AUTO_FIRST_CHUNK = 400       # latent frames (10 s) of the first, measured chunk when the cost is not known yet
+    AUTO_MAX_CHUNK = 6000        # latent frames (2.5 min): the longest automatic chunk
+    CHUNK_MEMORY_SHARE = 0.8     # share of the free device memory one chunk may use
+
+    def chunk_frames_for(self, frame_cost_bytes: int, overlap: int) -> int:
+        """Latent frames per chunk (context excluded) that fit the free device memory at a measured per-frame cost."""
+        allowed = int(tiling.free_bytes() * self.CHUNK_MEMORY_SHARE) // max(1, int(frame_cost_bytes))
+        return int(max(2 * overlap, min(self.AUTO_MAX_CHUNK, allowed - 2 * overlap)))
+
+    def _decode_chunked(self, z: torch.Tensor, chunk: int | None, overlap: int) -> torch.Tensor:
+        # Chunk [start, stop) is decoded with `overlap` frames of context on each side; the next chunk starts
+        # `overlap` frames before this one stops, and the shared frames are cross-faded linearly. Every chunk
+        # is added straight into the one output buffer.
         hop = self.config.hop
         n, _, t = z.shape
-        if chunk < 2 * overlap or overlap < 1:
-            raise ValueError(f"audio decode chunk ({chunk} frames) must be at least twice its overlap ({overlap}), "
-                             "and the overlap at least 1 frame")
-        out = torch.zeros(n, t * hop, dtype=torch.float32, device=z.device)
-        step = chunk - overlap
-        starts = list(range(0, max(t - overlap, 1), step))
-        for idx, start in enumerate(starts):
-            stop = min(start + chunk, t)
+        out = torch.zeros(n, t * hop, dtype=torch.float32)
+        cost_key = (n, self.dec_in_proj.weight.dtype, str(z.device))
+        fade = overlap * hop
+        ramp = torch.arange(fade, dtype=torch.float32, device=z.device) / fade
+        self.last_chunks: list[tuple[int, int]] = []
+        cap = self.AUTO_MAX_CHUNK if chunk is None else int(chunk)
+        start = 0
+        while True:
+            measure = chunk is None and cost_key not in self.frame_costs
+            if chunk is not None:
+                size = cap
+            elif measure:
+                size = min(cap, self.AUTO_FIRST_CHUNK)
+            else:
+                size = min(cap, self.chunk_frames_for(self.frame_costs[cost_key], overlap))
+            stop = min(start + size, t)
             lo, hi = max(0, start - overlap), min(t, stop + overlap)
-            wave = self._decode_frames(z[:, :, lo:hi])[:, (start - lo) * hop:(stop - lo) * hop]
-            weight = torch.ones(wave.shape[-1], dtype=torch.float32, device=z.device)
-            fade = overlap * hop
-            if idx > 0:
-                weight[:fade] = torch.arange(fade, dtype=torch.float32, device=z.device) / fade
-            if idx < len(starts) - 1 and stop < t:
-                weight[-fade:] *= 1.0 - torch.arange(fade, dtype=torch.float32, device=z.device) / fade
-            out[:, start * hop:stop * hop] += wave * weight
+            piece = z[:, :, lo:hi]
+            try:
+                if measure:
+                    wave, peak = tiling.measure_peak_bytes(lambda: self._decode_frames(piece), z.device)
+                    self.frame_costs[cost_key] = max(1, peak // (hi - lo))
+                else:
+                    wave = self._decode_frames(piece)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                # Out of memory: retry with half the chunk (down to twice the overlap) instead of failing the job.
+                if not tiling.is_out_of_memory(err) or size <= 2 * overlap:
+                    raise
+                cap = max(2 * overlap, size // 2)
+                if z.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            wave = wave[:, (start - lo) * hop:(stop - lo) * hop]
+            if start > 0:
+                wave[:, :fade] *= ramp
+            if stop < t:
+                wave[:, -fade:] *= 1.0 - ramp
+            out[:, start * hop:stop * hop] += wave.to(out.device)
+            self.last_chunks.append((start, stop))
+            del wave
             if stop >= t:
-                break
-        return out
+                return out
+            start = stop - overlap

@@ -7,13 +7,22 @@ tile's outermost o/4 units (where a decoder sees the tile border) never reach th
 tiles meet their weights sum to 1: a decoder whose receptive field is under a quarter of the overlap
 gives exactly the untiled result. Tiles are accumulated as `tile * weight` into one zero canvas; when a large leftover
 makes three tiles overlap, dividing by the (separable, H x W only) weight sum keeps the blend exact.
+
+Also here, for every decoder that sizes its work by memory: `free_bytes()` (the memory manager's figure),
+`is_out_of_memory(err)`, and `measure_peak_bytes(fn, device)`, which runs `fn` and reports the most bytes
+its tensors held at once (the CUDA allocator's peak on a GPU; on other devices, the live bytes of every
+tensor the ops created, tracked through a dispatch mode).
 """
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @dataclass(frozen=True)
@@ -95,3 +104,99 @@ def normalise(canvas: torch.Tensor, plan_h: TilePlan, plan_w: TilePlan) -> torch
         total = plan_h.weight_sum()[:, None] * plan_w.weight_sum()[None, :]
         canvas /= total.to(canvas.device, canvas.dtype)
     return canvas
+
+
+# Memory figures for decoders that size their work by memory ------------------------------------
+
+def free_bytes() -> int:
+    """Bytes a decoder may allocate on the compute device now (models/memory.free_bytes)."""
+    from models import memory
+    return int(memory.free_bytes())
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for torch.OutOfMemoryError and for RuntimeErrors that report running out of memory."""
+    return isinstance(err, torch.OutOfMemoryError) or (isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested, ...)
+        return None
+    if storage.nbytes() == 0:
+        return None
+    return (str(t.device), storage.data_ptr())
+
+
+class _LiveTensorBytes(TorchDispatchMode):
+    """Counts the bytes of storages that ops create while active, and the peak of their sum.
+
+    Views and in-place results share an existing storage and add nothing; a storage stops counting when
+    the last tensor created on it while tracking is gone. Tensors made before tracking are not counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[tuple[str, int], list[int]] = {}  # storage key -> [bytes, tracked tensors on it]
+        self.current = 0
+        self.peak = 0
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.live[key]
+            self.current -= entry[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {_storage_key(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = _storage_key(t)
+            if key is None:
+                continue
+            entry = self.live.get(key)
+            if entry is None:
+                if key in inputs:
+                    continue  # an in-place result or a view of an untracked tensor
+                entry = self.live[key] = [t.untyped_storage().nbytes(), 0]
+                self.current += entry[0]
+                self.peak = max(self.peak, self.current)
+            entry[1] += 1
+            weakref.finalize(t, self._drop, key)
+        return out
+
+
+def measure_peak_bytes(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, int]:
+    """Run fn() and return (its result, the most bytes of new tensors alive at once while it ran, on `device`).
+
+    Weight copies the memory manager made resident during the call are subtracted: they stay after it and
+    are already out of free_bytes(), so they are not part of what the next call of the same size needs.
+    """
+    from models import memory
+
+    device = torch.device(device)
+    manager = memory.manager()
+    resident0 = manager.stats().resident_bytes if manager is not None else 0
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        # torch.compile refuses to run under a dispatch mode (and the compiled kernel backend would remember
+        # the refusal for the shape class), so compiled functions run their Python bodies eagerly for the
+        # measured call; other kernels (SDPA, ...) are unchanged. The stance is process-wide: other threads
+        # only lose speed for that long, never correctness. Unfused ops need at least a fused kernel's
+        # memory, so the figure errs on the safe side.
+        tracker = _LiveTensorBytes()
+        with torch.compiler.set_stance("force_eager"), tracker:
+            result = fn()
+        peak = tracker.peak
+    grown = (manager.stats().resident_bytes - resident0) if manager is not None else 0
+    return result, int(max(1, peak - max(0, grown)))

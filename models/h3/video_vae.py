@@ -8,20 +8,28 @@ reflection in space, and GroupNorm statistics are per frame, so latent 0 depends
 Decoder: a ViT over latent tokens (each token -> 4 frames x 16 x 16 pixels) that decodes in overlapping
 temporal chunks of 7 tokens (a 17-frame clip plus the 2 tokens that start the next one, whose 5 frames
 are blended linearly with the next chunk) and in spatial tiles of 256 pixels overlapping by at least 64
-(the window it was trained on), written straight into one preallocated output canvas.
+(the window it was trained on; leftover overlap spread in 16-pixel steps, blended linearly), written
+straight into one preallocated output canvas. Up to 4 tiles go through the decoder per call, as many as
+the free device memory allows at the measured cost of one tile; an out-of-memory error halves the batch
+and retries. A lone latent (T' = 1, an image) is decoded as a 2-latent clip whose first frame is kept;
+a VAE whose metadata sets `h3_t1_direct` decodes it directly. Every weight reaches its op through the
+memory manager's take/release (models/memory.py), so decoding works under a small memory budget.
 
 Latents are normalised with per-channel `latents_mean` / `latents_std` stored with the weights. Pixels
 are ImageNet-normalised on the way in and out. Parameter names are the original checkpoint's.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import memory
 from models.h3 import tiling
 from models.h3.latents import pixel_frames
 from models.h3.layers import FrameGroupNorm, attention, compute_device, op, rms_norm, rope_split_half
@@ -72,6 +80,16 @@ class VideoVAEConfig:
 
 TINY_CONFIG = VideoVAEConfig(base_channels=8, channel_mult=(1, 1, 2, 2, 4, 4), res_blocks=(1, 1, 1, 1, 1, 1),
                              decoder_layers=2, decoder_heads=1)
+
+
+@contextlib.contextmanager
+def _held(module: nn.Module, dtype: torch.dtype) -> Iterator[dict[str, torch.Tensor]]:
+    # A module's own parameters and buffers (not its children's), taken through the memory manager for one op.
+    tensors = memory.take_named(module, dtype=dtype)
+    try:
+        yield tensors
+    finally:
+        memory.release(module)
 
 
 def _norm(groups: int, channels: int) -> FrameGroupNorm:
@@ -211,8 +229,9 @@ class DecoderBlock(nn.Module):
         self.scale2 = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = self.attn(x, rope, self.norm1, self.scale1)
-        return self.ff(x, self.norm2, self.scale2)
+        with _held(self, x.dtype) as own:  # the residual scales, through the memory manager like every weight
+            x = self.attn(x, rope, self.norm1, own["scale1"])
+            return self.ff(x, self.norm2, own["scale2"])
 
 
 class ViTDecoder(nn.Module):
@@ -237,12 +256,14 @@ class ViTDecoder(nn.Module):
         inv = 1.0 / self.cfg.decoder_rope_theta ** torch.arange(0, 1, step, dtype=torch.float32)
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def rope(self, t: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, t: int, h: int, w: int, device: torch.device,
+             inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (S, 3 * freqs) for t*h*w tokens at centred [-1, 1] coordinates plus the suffix tokens at 0."""
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
         axes = [(torch.arange(n, dtype=torch.float32, device=device) + 0.5) / n * 2.0 - 1.0 for n in (t, h, w)]
         ids = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
         ids = torch.cat([ids, torch.zeros(self.cfg.register_tokens + 1, 3, device=device)])
-        angles = (2.0 * math.pi * ids[:, :, None] * self.inv_freq.to(device)).flatten(1)  # (S, 3 * F)
+        angles = (2.0 * math.pi * ids[:, :, None] * inv_freq.float().to(device)).flatten(1)  # (S, 3 * F)
         return torch.cos(angles), torch.sin(angles)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -251,8 +272,12 @@ class ViTDecoder(nn.Module):
         dtype = self.x_embedder.weight.dtype
         x = self.x_embedder(z.flatten(2).transpose(1, 2).to(dtype))  # (B, N, dim)
         n = x.shape[1]
-        x = torch.cat([x, self.register_tokens.to(dtype).expand(b, -1, -1), torch.zeros_like(x[:, :1])], dim=1)
-        rope = self.rope(t, h, w, z.device)
+        # The register tokens and RoPE frequencies reach the device through the memory manager (float32).
+        with _held(self, torch.float32) as own:
+            registers = own["register_tokens"].to(dtype).expand(b, -1, -1)
+            rope = self.rope(t, h, w, z.device, own["inv_freq"])
+        x = torch.cat([x, registers, torch.zeros_like(x[:, :1])], dim=1)
+        del registers
         for block in self.transformer_blocks:
             x = block(x, rope)
         out = self.proj_out(self.norm_out(x[:, :n]))
@@ -261,24 +286,73 @@ class ViTDecoder(nn.Module):
         return out.reshape(b, cfg.image_channels, t * pt, h * ps, w * ps)
 
 
-def _free_bytes() -> int:
-    # The memory manager decides what is free on the compute device; before it exists, the host's free RAM.
-    try:
-        from models import memory
-        return int(memory.free_bytes())
-    except (ImportError, AttributeError):
-        import psutil
-        return int(psutil.virtual_memory().available)
+# The decoder's temporal windows: every window is decoded in spatial tiles and written straight into the canvas.
+@dataclass(frozen=True)
+class _Window:
+    tokens: torch.Tensor                   # (B, C, t, h, w) latent tokens decoded together (denormalised, on the device)
+    keep: tuple[tuple[int, int], ...]      # decoded frame ranges [a, b) that reach the output, in order
+    start: int                             # output frame of the first kept frame
+    weights: torch.Tensor                  # (kept frames,) temporal blend weight of each kept frame
 
 
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+class _CanvasWriter:
+    """Blends decoded tiles into the one preallocated output canvas (B, T, H, W, 3), float32 on the CPU.
+
+    Each tile is turned into pixels ([0, 1] scale), multiplied by its spatial x temporal blend weight and
+    added in place into its region: no full-frame intermediate and no concatenation of tiles. Because the
+    weights sum to 1 over every pixel (or are divided out by `finish`), the affine pixel de-normalisation
+    commutes with the blend; clamping to [0, 1] happens once, at the end, in place.
+    """
+
+    def __init__(self, canvas: torch.Tensor, plan_h: tiling.TilePlan, plan_w: tiling.TilePlan,
+                 pixel_mean: torch.Tensor, pixel_std: torch.Tensor):
+        self.canvas = canvas
+        self.plan_h, self.plan_w = plan_h, plan_w
+        self.mean = pixel_mean.float().view(1, -1, 1, 1, 1)
+        self.std = pixel_std.float().view(1, -1, 1, 1, 1)
+        self._weights: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+    def _spatial(self, i: int, j: int, device: torch.device) -> torch.Tensor:
+        key = (i, j, device)
+        if key not in self._weights:
+            self._weights[key] = tiling.blend_weights_2d(self.plan_h, self.plan_w, i, j).to(device)
+        return self._weights[key]
+
+    def add(self, decoded: torch.Tensor, tiles: list[tuple[int, int]], batch: int, window: _Window) -> None:
+        """Blend the kept frames of `decoded` (len(tiles) * batch, 3, F, th, tw), tile-major, into the canvas."""
+        device = decoded.device
+        mean, std = self.mean.to(device), self.std.to(device)
+        ph, pw = self.plan_h, self.plan_w
+        out, done = window.start, 0
+        for a, b in window.keep:
+            # Only the kept frames are read (views): the rest of a decoded tile never reaches the canvas.
+            frames = min(b - a, self.canvas.shape[1] - out)
+            if frames <= 0:
+                return
+            time_w = window.weights[done:done + frames].to(device).view(1, 1, frames, 1, 1)
+            for n, (i, j) in enumerate(tiles):
+                part = decoded[n * batch:(n + 1) * batch, :, a:a + frames] * std     # (B, 3, F, th, tw)
+                part.add_(mean).mul_(self._spatial(i, j, device) * time_w)
+                y0, x0 = ph.starts[i], pw.starts[j]
+                region = self.canvas[:, out:out + frames, y0:y0 + ph.size, x0:x0 + pw.size]
+                region.add_(part.permute(0, 2, 3, 4, 1).to(self.canvas.device))
+                del part
+            out += frames
+            done += frames
+
+    def finish(self) -> torch.Tensor:
+        """Divide out the weight sum where three tiles overlapped, clamp to [0, 1] (both in place); the canvas."""
+        if not (self.plan_h.exact and self.plan_w.exact):
+            total = self.plan_h.weight_sum()[:, None] * self.plan_w.weight_sum()[None, :]   # (H, W)
+            self.canvas /= total[..., None]
+        return self.canvas.clamp_(0.0, 1.0)
 
 
 class VideoVAE(nn.Module):
     """Encode frames to normalised H3 video latents and decode them back (see module docstring)."""
 
     MAX_TILE_BATCH = 4
+    TILE_MEMORY_SHARE = 0.8   # share of the free device memory one batch of tiles may use
 
     def __init__(self, config: VideoVAEConfig | None = None):
         super().__init__()
@@ -291,12 +365,22 @@ class VideoVAE(nn.Module):
         self.register_buffer("latents_std", torch.ones(cfg.latent_channels))
         # A VAE fine-tuned to decode a lone latent frame directly (metadata flag h3_t1_direct).
         self.t1_direct = False
+        # Measured activation bytes of decoding one tile, per (tokens_t, tile_h, tile_w, batch, dtype, device).
+        self.tile_costs: dict[tuple, int] = {}
+        # What the last decode did: the tile batch of every decoder call, and its out-of-memory retries.
+        self.last_tile_batches: list[int] = []
+        self.last_tile_batch_fallbacks = 0
         self.make_buffers()
 
     def make_buffers(self) -> None:
         """(Re)compute the non-persistent pixel statistics."""
         self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1, 1), persistent=False)
+
+    @property
+    def last_tile_batch(self) -> int:
+        """The largest tile batch the last decode used (0 before any decode)."""
+        return max(self.last_tile_batches, default=0)
 
     # Encoding -----------------------------------------------------------------------------------
 
@@ -310,10 +394,10 @@ class VideoVAE(nn.Module):
         if x.shape[2] % ratio or x.shape[3] % ratio or x.shape[2] < 2 * ratio or x.shape[3] < 2 * ratio:
             raise ValueError(f"video VAE encode needs frame sizes that are multiples of {ratio} and at least "
                              f"{2 * ratio}; got {x.shape[3]}x{x.shape[2]}")
-        with torch.no_grad():
+        with torch.no_grad(), _held(self, torch.float32) as stats:
             device = compute_device(self)
             x = x.to(device=device, dtype=torch.float32).permute(0, 4, 1, 2, 3)  # (B, 3, T, H, W)
-            x = (x - self.pixel_mean) / self.pixel_std
+            x = (x - stats["pixel_mean"]) / stats["pixel_std"]
             frames = x.shape[2]
             if frames == 1:
                 moments = self._encode_tiled(x)
@@ -329,7 +413,7 @@ class VideoVAE(nn.Module):
                 if cfg.dropped_latents:
                     moments = moments[:, :, :-cfg.dropped_latents]
             mean = moments[:, :cfg.latent_channels].float()
-            return (mean - self.latents_mean.view(1, -1, 1, 1, 1).float()) / self.latents_std.view(1, -1, 1, 1, 1).float()
+            return (mean - stats["latents_mean"].view(1, -1, 1, 1, 1)) / stats["latents_std"].view(1, -1, 1, 1, 1)
 
     def _encode_moments(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.quant_conv.weight.dtype
@@ -359,36 +443,47 @@ class VideoVAE(nn.Module):
                tile_overlap: int | None = None) -> torch.Tensor:
         """Normalised latents (B, 24, T', h, w) -> frames (B, T, 16h, 16w, 3) in [0, 1], float32 on the CPU.
 
-        T = 17n+5 for T' = 5n+2; a lone latent frame (T' = 1) gives one image (see decode_single).
-        tile_batch: spatial tiles per decoder call (None: chosen from free device memory, at most 4).
+        T = 17n+5 for T' = 5n+2; a lone latent frame (T' = 1) gives one image, decoded as the start of a
+        2-latent clip (a short clip's decode) unless the VAE carries the `h3_t1_direct` flag.
+        tile_size / tile_overlap: spatial window and its minimum overlap in pixels, multiples of 16
+        (default 256 / 64, the decoder's trained window). tile_batch: tiles per decoder call (None: chosen
+        from the free device memory and the measured cost of one tile, at most 4; halved and retried after
+        an out-of-memory error). The batch never changes the pixels.
         """
         cfg = self.config
+        ratio = cfg.spatial_ratio
         if latents.dim() != 5 or latents.shape[1] != cfg.latent_channels:
             raise ValueError(f"video VAE decode expects latents (B, {cfg.latent_channels}, T, H, W), got {tuple(latents.shape)}")
-        tile_size = tile_size or cfg.tile_size
-        tile_overlap = cfg.tile_overlap if tile_overlap is None else tile_overlap
-        with torch.no_grad():
-            z = self._denormalise(latents)
-            if z.shape[2] == 1:
-                return self._decode_single(z, tile_batch, tile_size, tile_overlap)
-            b, _, t, h, w = z.shape
-            ratio = cfg.spatial_ratio
-            canvas = torch.empty(b, pixel_frames(t), h * ratio, w * ratio, 3, dtype=torch.float32)
-            self._decode_temporal(z, canvas, tile_batch, tile_size, tile_overlap)
-            return canvas
-
-    def _denormalise(self, latents: torch.Tensor) -> torch.Tensor:
-        device = compute_device(self)
-        z = latents.to(device=device, dtype=torch.float32)
-        return z * self.latents_std.view(1, -1, 1, 1, 1).float() + self.latents_mean.view(1, -1, 1, 1, 1).float()
-
-    def _finalise_into(self, canvas: torch.Tensor, start: int, raw: torch.Tensor) -> None:
-        # raw (B, 3, F, H, W) ImageNet-normalised -> [0, 1], written channel-last into canvas frames start..
-        frames = min(raw.shape[2], canvas.shape[1] - start)
-        if frames <= 0:
-            return
-        part = raw[:, :, :frames].float() * self.pixel_std.float().to(raw.device) + self.pixel_mean.float().to(raw.device)
-        canvas[:, start:start + frames].copy_(part.clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1))
+        if latents.shape[2] < 1 or latents.shape[3] < 1 or latents.shape[4] < 1:
+            raise ValueError(f"video VAE decode got an empty latent {tuple(latents.shape)}")
+        tile_size = cfg.tile_size if tile_size is None else int(tile_size)
+        tile_overlap = cfg.tile_overlap if tile_overlap is None else int(tile_overlap)
+        if tile_size < ratio or tile_size % ratio or tile_overlap < 0 or tile_overlap % ratio:
+            raise ValueError(f"video VAE decode: tile_size ({tile_size}) and tile_overlap ({tile_overlap}) must be "
+                             f"multiples of {ratio} pixels, tile_size at least {ratio}")
+        if tile_overlap >= tile_size:
+            raise ValueError(f"video VAE decode: tile_overlap ({tile_overlap}) must be smaller than tile_size ({tile_size})")
+        if tile_batch is not None and int(tile_batch) < 1:
+            raise ValueError(f"video VAE decode: tile_batch must be at least 1, got {tile_batch}")
+        b, _, t, h, w = latents.shape
+        # Seams get the leftover overlap in whole latent pixels, i.e. 16-pixel steps.
+        plan_h = tiling.plan_tiles(h, tile_size // ratio, tile_overlap // ratio, 1)
+        plan_w = tiling.plan_tiles(w, tile_size // ratio, tile_overlap // ratio, 1)
+        self.last_tile_batches = []
+        self.last_tile_batch_fallbacks = 0
+        state = {"cap": min(int(tile_batch), self.MAX_TILE_BATCH) if tile_batch is not None else self.MAX_TILE_BATCH,
+                 "explicit": tile_batch is not None}
+        with torch.no_grad(), _held(self, torch.float32) as stats:
+            device = compute_device(self)
+            z = latents.to(device=device, dtype=torch.float32)
+            z = z * stats["latents_std"].view(1, -1, 1, 1, 1) + stats["latents_mean"].view(1, -1, 1, 1, 1)
+            # The one output buffer: every tile of every temporal window is blended straight into it.
+            canvas = torch.zeros(b, pixel_frames(t), h * ratio, w * ratio, 3, dtype=torch.float32)
+            writer = _CanvasWriter(canvas, plan_h.scaled(ratio), plan_w.scaled(ratio), stats["pixel_mean"],
+                                   stats["pixel_std"])
+            for window in self._windows(z):
+                self._decode_window(window, plan_h, plan_w, writer, state)
+            return writer.finish()
 
     def _temporal_plan(self, z_len: int) -> tuple[int, int, int, int, int, int]:
         """(pad_tokens, chunks, chunk_tokens, overlap_tokens, pre_pad_frames, overlap_frames) for z_len latents."""
@@ -407,117 +502,86 @@ class VideoVAE(nn.Module):
             chunks += 1
         return pad, chunks, chunk_tokens, overlap_tokens, pre_pad, overlap_frames
 
-    def _decode_temporal(self, z: torch.Tensor, canvas: torch.Tensor, tile_batch: int | None, tile_size: int,
-                         tile_overlap: int) -> None:
+    def _windows(self, z: torch.Tensor) -> Iterator[_Window]:
+        """The temporal windows of denormalised latents z (B, C, T', h, w), in output order."""
         cfg = self.config
         rt = cfg.time_ratio
-        pad, chunks, chunk_tokens, overlap_tokens, pre_pad, overlap_frames = self._temporal_plan(z.shape[2])
+        pad, chunks, chunk_tokens, overlap_tokens, pre_pad, overlap_frames = self._temporal_plan(max(z.shape[2], 2))
+        one = torch.ones(1)
+        if z.shape[2] == 1:
+            if self.t1_direct:
+                # Fine-tuned for lone latents: decode the token alone; its last decoded frame is the image.
+                yield _Window(z, ((pre_pad, pre_pad + 1),), 0, one)
+            else:
+                # A lone latent means "clip start", and the decoder needs temporal context: decode it as the
+                # 2-latent clip [z, z] (whose first window is z repeated) and keep only that clip's first
+                # frame. Tiles are cut to that one frame before blending, so the canvas holds one frame.
+                tokens = min(2 + pad, chunk_tokens + overlap_tokens)
+                yield _Window(z.expand(-1, -1, tokens, -1, -1), ((pre_pad, pre_pad + 1),), 0, one)
+            return
         if pad:
             z = torch.cat([z, z[:, :, -1:].expand(-1, -1, pad, -1, -1)], dim=2)
-        clip_frames_out = chunk_tokens * rt
-        carry = None
-        write = 0
+        clip_out = chunk_tokens * rt
+        main = (pre_pad, clip_out)                                              # this clip's frames (17)
+        carry = (clip_out + pre_pad, (chunk_tokens + overlap_tokens) * rt)        # the next clip's first 5
+        main_frames = clip_out - pre_pad
         for i in range(chunks):
-            clip = z[:, :, i * chunk_tokens:i * chunk_tokens + chunk_tokens + overlap_tokens]
-            raw = self._decode_window(clip, tile_batch, tile_size, tile_overlap)   # (B, 3, 4 * tokens, H, W)
-            main = raw[:, :, pre_pad:clip_frames_out]
-            if carry is not None:
-                n = min(overlap_frames, carry.shape[2], main.shape[2])
-                ramp = (torch.arange(n, dtype=main.dtype, device=main.device) / overlap_frames).view(1, 1, n, 1, 1)
-                main[:, :, :n] = carry[:, :, :n] * (1.0 - ramp) + main[:, :, :n] * ramp
-                carry = None
-            self._finalise_into(canvas, write, main)
-            write += main.shape[2]
-            if cfg.dropped_latents > 0 and raw.shape[2] > clip_frames_out:
-                carry = raw[:, :, clip_frames_out + pre_pad:]
-            del raw
-        if carry is not None:
-            self._finalise_into(canvas, write, carry)
+            tokens = z[:, :, i * chunk_tokens:i * chunk_tokens + chunk_tokens + overlap_tokens]
+            keep = (main, carry) if tokens.shape[2] > chunk_tokens and carry[1] > carry[0] else (main,)
+            weights = torch.ones(sum(b - a for a, b in keep))
+            # Linear cross-fade over the frames two neighbouring windows both decode.
+            ramp = torch.arange(overlap_frames, dtype=torch.float32) / max(overlap_frames, 1)
+            if i > 0:
+                weights[:overlap_frames] = ramp
+            if i < chunks - 1:
+                weights[main_frames:main_frames + overlap_frames] = 1.0 - ramp
+            yield _Window(tokens, keep, i * main_frames, weights)
 
-    def _decode_single(self, z: torch.Tensor, tile_batch: int | None, tile_size: int, tile_overlap: int) -> torch.Tensor:
-        # A lone latent means "clip start". The decoder needs temporal context, so unless the VAE was
-        # fine-tuned for lone latents (h3_t1_direct), repeat it into a 2-latent clip and keep the clip's first
-        # valid frame; the frame is selected per tile before blending, so the canvas holds one frame.
-        cfg = self.config
-        pre_pad = (-cfg.clip_frames) % cfg.time_ratio
-        b, _, _, h, w = z.shape
-        ratio = cfg.spatial_ratio
-        canvas = torch.empty(b, 1, h * ratio, w * ratio, 3, dtype=torch.float32)
-        if self.t1_direct:
-            raw = self._decode_window(z, tile_batch, tile_size, tile_overlap, keep_frames=slice(-1, None))
-        else:
-            # Exactly the first frame that decoding the 2-latent clip gives: its first chunk is the clip padded
-            # with its last latent, i.e. the lone latent repeated.
-            pad, _, chunk_tokens, overlap_tokens, _, _ = self._temporal_plan(2)
-            tokens = min(2 + pad, chunk_tokens + overlap_tokens)
-            clip = z.expand(-1, -1, tokens, -1, -1)
-            raw = self._decode_window(clip, tile_batch, tile_size, tile_overlap, keep_frames=slice(pre_pad, pre_pad + 1))
-        self._finalise_into(canvas, 0, raw)
-        return canvas
-
-    def _decode_window(self, z: torch.Tensor, tile_batch: int | None, tile_size: int, tile_overlap: int,
-                       keep_frames: slice | None = None) -> torch.Tensor:
-        """Decode one temporal window in spatial tiles, batched, blended into one (B, 3, F, H, W) buffer."""
-        cfg = self.config
-        ratio = cfg.spatial_ratio
-        b, _, t, h, w = z.shape
-        if tile_size % ratio or tile_overlap % ratio:
-            raise ValueError(f"tile_size {tile_size} and overlap {tile_overlap} must be multiples of {ratio} pixels")
-        plan_h = tiling.plan_tiles(h, tile_size // ratio, tile_overlap // ratio, 1)
-        plan_w = tiling.plan_tiles(w, tile_size // ratio, tile_overlap // ratio, 1)
-        pix_h, pix_w = plan_h.scaled(ratio), plan_w.scaled(ratio)
+    def _decode_window(self, window: _Window, plan_h: tiling.TilePlan, plan_w: tiling.TilePlan,
+                       writer: _CanvasWriter, state: dict) -> None:
+        """Decode one temporal window in batches of spatial tiles and blend them into the canvas."""
+        z = window.tokens
+        b, _, t, _, _ = z.shape
         tiles = [(i, j) for i in range(len(plan_h.starts)) for j in range(len(plan_w.starts))]
-        frames = t * cfg.time_ratio
-        if keep_frames is not None:
-            frames = len(range(frames)[keep_frames])
-        out = None
-        single = len(tiles) == 1
-        batch = tile_batch or self.auto_tile_batch(t, plan_h.size, plan_w.size, b)
-        batch = max(1, min(batch, self.MAX_TILE_BATCH, len(tiles)))
+        cost_key = (t, plan_h.size, plan_w.size, b, self.post_quant_conv.weight.dtype, str(z.device))
         k = 0
         while k < len(tiles):
+            measure = not state["explicit"] and cost_key not in self.tile_costs
+            batch = 1 if measure else min(state["cap"], len(tiles) - k)
+            if not (measure or state["explicit"]):
+                batch = min(batch, self.tile_batch_for(self.tile_costs[cost_key]))
             group = tiles[k:k + batch]
             parts = [z[..., plan_h.starts[i]:plan_h.starts[i] + plan_h.size, plan_w.starts[j]:plan_w.starts[j] + plan_w.size]
                      for i, j in group]
+            x = torch.cat(parts) if len(parts) > 1 else parts[0]
             try:
-                decoded = self._decode_pixels(torch.cat(parts) if len(parts) > 1 else parts[0])
+                if measure:
+                    decoded, cost = tiling.measure_peak_bytes(lambda: self._decode_pixels(x), z.device)
+                    self.tile_costs[cost_key] = cost
+                else:
+                    decoded = self._decode_pixels(x)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                # Out of memory: retry this group with a smaller tile batch instead of failing the job.
-                if not _is_oom(err) or batch == 1:
+                # Out of memory: retry with half the tiles per call (down to 1) instead of failing the job.
+                if not tiling.is_out_of_memory(err) or batch == 1:
                     raise
-                batch = max(1, batch // 2)
-                self.last_tile_batch_fallbacks = getattr(self, "last_tile_batch_fallbacks", 0) + 1
+                del x, parts
+                state["cap"] = max(1, batch // 2)
+                self.last_tile_batch_fallbacks += 1
+                if z.device.type == "cuda":
+                    torch.cuda.empty_cache()
                 continue
-            if keep_frames is not None:
-                decoded = decoded[:, :, keep_frames]
-            if single:
-                return decoded
-            for n, (i, j) in enumerate(group):
-                tile = decoded[n * b:(n + 1) * b]
-                if out is None:
-                    out = torch.zeros(b, tile.shape[1], frames, pix_h.length, pix_w.length, dtype=torch.float32,
-                                      device=tile.device)
-                weight = tiling.blend_weights_2d(pix_h, pix_w, i, j).to(tile.device)
-                y0, x0 = pix_h.starts[i], pix_w.starts[j]
-                out[..., y0:y0 + pix_h.size, x0:x0 + pix_w.size] += tile.float() * weight
+            del x, parts
+            writer.add(decoded, group, b, window)
+            del decoded
+            self.last_tile_batches.append(len(group))
             k += len(group)
-        self.last_tile_batch = batch
-        return tiling.normalise(out, pix_h, pix_w)
 
     def _decode_pixels(self, z: torch.Tensor) -> torch.Tensor:
+        """Denormalised latent tokens (N, C, t, h, w) -> raw ImageNet-normalised pixels (N, 3, 4t, 16h, 16w), float32."""
         dtype = self.post_quant_conv.weight.dtype
         return self.decoder(self.post_quant_conv(z.to(dtype))).float()
 
-    def tile_cost_bytes(self, tokens_t: int, tile_h: int, tile_w: int) -> int:
-        """Estimated activation bytes of decoding one tile of tokens_t x tile_h x tile_w latent tokens."""
-        cfg = self.config
-        tokens = tokens_t * tile_h * tile_w + cfg.register_tokens + 1
-        elem = torch.finfo(self.post_quant_conv.weight.dtype).bits // 8
-        width = cfg.decoder_dim * (3 + 2 * cfg.decoder_ffn_mult + 2)     # qkv, FFN halves, residual streams
-        pixels = tokens_t * cfg.time_ratio * (tile_h * tile_w * cfg.spatial_ratio ** 2) * cfg.image_channels * 4 * 3
-        return int(tokens * width * elem + pixels)
-
-    def auto_tile_batch(self, tokens_t: int, tile_h: int, tile_w: int, batch: int = 1) -> int:
-        """Tiles per decoder call that fit in half the free device memory (1 to 4)."""
-        cost = max(1, self.tile_cost_bytes(tokens_t, tile_h, tile_w) * batch)
-        return int(max(1, min(self.MAX_TILE_BATCH, (_free_bytes() // 2) // cost)))
+    def tile_batch_for(self, tile_cost_bytes: int) -> int:
+        """Tiles per decoder call (1 to 4) whose measured cost fits in the share of free device memory allowed."""
+        allowed = int(tiling.free_bytes() * self.TILE_MEMORY_SHARE)
+        return int(max(1, min(self.MAX_TILE_BATCH, allowed // max(1, int(tile_cost_bytes)))))

@@ -4,7 +4,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from models.h3 import video_vae
+from models import memory
+from models.h3 import tiling, video_vae
 from models.h3.make_tiny import build_tiny
 from models.loading import load_model
 
@@ -58,13 +59,17 @@ def test_decode_blends_temporal_chunks(vae):
 
 def test_tile_batch_sizes_give_the_same_pixels(vae):
     z = torch.randn(1, 24, 2, 3, 4)
-    outs = [vae.decode(z, tile_batch=b, tile_size=32, tile_overlap=16) for b in (1, 2, 3, 4)]
-    assert vae.last_tile_batch == 4
+    outs = []
+    for b in (1, 2, 3, 4):
+        outs.append(vae.decode(z, tile_batch=b, tile_size=32, tile_overlap=16))
+        assert vae.last_tile_batch == b and vae.last_tile_batches[0] == b
     for other in outs[1:]:
         torch.testing.assert_close(other, outs[0], rtol=1e-5, atol=1e-5)
 
 
-def test_out_of_memory_shrinks_the_tile_batch(vae, monkeypatch):
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory (simulated)"),
+                                   RuntimeError("CUDA error: out of memory (simulated)")])
+def test_out_of_memory_shrinks_the_tile_batch(vae, monkeypatch, error):
     z = torch.randn(1, 24, 2, 4, 4)
     want = vae.decode(z, tile_batch=1, tile_size=32, tile_overlap=16)
     real = vae._decode_pixels
@@ -73,23 +78,116 @@ def test_out_of_memory_shrinks_the_tile_batch(vae, monkeypatch):
     def flaky(x):
         calls.append(x.shape[0])
         if x.shape[0] > 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise error
         return real(x)
 
     monkeypatch.setattr(vae, "_decode_pixels", flaky)
     got = vae.decode(z, tile_batch=4, tile_size=32, tile_overlap=16)
     assert calls[0] == 4 and calls[1] == 2 and set(calls[2:]) == {1}
+    assert vae.last_tile_batch_fallbacks == 2 and set(vae.last_tile_batches) == {1}
     torch.testing.assert_close(got, want)
 
 
-def test_auto_tile_batch_follows_free_memory(vae, monkeypatch):
-    cost = vae.tile_cost_bytes(7, 16, 16)
-    monkeypatch.setattr(video_vae, "_free_bytes", lambda: 2 * 10 * cost)
-    assert vae.auto_tile_batch(7, 16, 16) == 4
-    monkeypatch.setattr(video_vae, "_free_bytes", lambda: 2 * 2 * cost + 1)
-    assert vae.auto_tile_batch(7, 16, 16) == 2
-    monkeypatch.setattr(video_vae, "_free_bytes", lambda: cost // 2)
-    assert vae.auto_tile_batch(7, 16, 16) == 1
+def test_other_errors_are_not_retried(vae, monkeypatch):
+    def broken(x):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(vae, "_decode_pixels", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        vae.decode(torch.randn(1, 24, 2, 4, 4), tile_batch=4, tile_size=32, tile_overlap=16)
+
+
+def test_auto_tile_batch_uses_free_memory_and_the_measured_tile_cost(monkeypatch):
+    vae = build_tiny("video_vae")
+    z = torch.randn(1, 24, 2, 4, 4)
+    want = vae.decode(z, tile_batch=1, tile_size=32, tile_overlap=16)
+    assert not vae.tile_costs                                       # an explicit batch measures nothing
+    monkeypatch.setattr(tiling, "free_bytes", lambda: 1 << 40)
+    got = vae.decode(z, tile_size=32, tile_overlap=16)
+    # The first tile is decoded alone while its cost is measured; plenty of memory then allows 4 per call.
+    assert vae.last_tile_batches[0] == 1 and max(vae.last_tile_batches) == 4
+    (key, cost), = vae.tile_costs.items()
+    assert key[:4] == (7, 2, 2, 1) and cost > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Short of memory: one tile per call, same pixels.
+    monkeypatch.setattr(tiling, "free_bytes", lambda: int(1.5 * cost))
+    assert vae.tile_batch_for(cost) == 1
+    torch.testing.assert_close(vae.decode(z, tile_size=32, tile_overlap=16), want, rtol=1e-5, atol=1e-5)
+    assert set(vae.last_tile_batches) == {1}
+    monkeypatch.setattr(tiling, "free_bytes", lambda: int(2.6 * cost / vae.TILE_MEMORY_SHARE))
+    assert vae.tile_batch_for(cost) == 2
+    # The measurement is real: a tile four times the area costs more than twice as much.
+    vae.decode(torch.randn(1, 24, 2, 8, 8), tile_size=64, tile_overlap=16)
+    big = vae.tile_costs[next(k for k in vae.tile_costs if k[1] == 4)]
+    assert big > 2 * cost
+
+
+def test_peak_measurement_counts_live_tensors_only():
+    def work():
+        a = torch.ones(1000)          # 4000 bytes, alive until the end
+        for _ in range(3):
+            b = a * 2.0               # 4000 bytes, freed before the next one exists
+            del b
+        return a + 1.0                # 4000 bytes more: the peak is 8000
+
+    out, peak = tiling.measure_peak_bytes(work, "cpu")
+    assert out.shape == (1000,) and peak == 8000
+
+
+@pytest.fixture
+def small_budget():
+    memory.configure(vram_budget_gb=0.5 / 1024, device="cpu", dtype=torch.float32)   # 512 KiB
+    try:
+        yield memory.manager()
+    finally:
+        memory.unconfigure()
+
+
+def test_decode_under_a_small_memory_budget(vae, small_budget):
+    z = torch.randn(1, 24, 2, 4, 4)
+    memory.unconfigure()
+    want = vae.decode(z, tile_batch=1, tile_size=32, tile_overlap=16)
+    memory.activate(small_budget)
+    got = vae.decode(z, tile_size=32, tile_overlap=16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    stats = small_budget.stats()
+    biggest = max(sum(t.numel() * 4 for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)))
+                  for m in vae.modules())
+    # Weights were streamed through the manager under its budget (at most one held module over it) ...
+    assert stats.takes > 0 and stats.evictions > 0
+    assert stats.peak_resident_bytes <= small_budget.budget_bytes() + biggest
+    # ... and with almost nothing free, the decoder ran one tile per call.
+    assert set(vae.last_tile_batches) == {1}
+
+
+def test_every_decoder_weight_is_taken_through_the_manager(vae):
+    manager = memory.configure(mode="highvram", device="cpu", dtype=torch.float32)
+    try:
+        vae.decode(torch.randn(1, 24, 2, 2, 2))
+        taken = {id(m) for m in manager.resident_modules()}
+    finally:
+        memory.unconfigure()
+    owners = [vae] + [m for m in list(vae.decoder.modules()) + [vae.post_quant_conv]
+                      if list(m.parameters(recurse=False)) or list(m.buffers(recurse=False))]
+    missing = [type(m).__name__ for m in owners if id(m) not in taken]
+    assert not missing, f"weights read directly, not through take(): {missing}"
+
+
+def test_tiled_decode_needs_less_working_memory(vae):
+    z = torch.randn(1, 24, 2, 8, 8)                                  # 128 x 128 pixels
+    _, untiled = tiling.measure_peak_bytes(lambda: vae.decode(z, tile_size=128), "cpu")
+    _, tiled = tiling.measure_peak_bytes(lambda: vae.decode(z, tile_size=64, tile_overlap=16, tile_batch=1), "cpu")
+    assert tiled < 0.5 * untiled
+
+
+def test_decode_refuses_bad_tiles(vae):
+    z = torch.randn(1, 24, 2, 2, 2)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        vae.decode(z, tile_size=40)
+    with pytest.raises(ValueError, match="smaller than tile_size"):
+        vae.decode(z, tile_size=32, tile_overlap=32)
+    with pytest.raises(ValueError, match="tile_batch"):
+        vae.decode(z, tile_batch=0)
 
 
 class _ConvDecoder(nn.Module):
@@ -121,20 +219,48 @@ def test_tiled_decode_equals_untiled_for_a_local_decoder():
     torch.testing.assert_close(tiled, untiled, rtol=1e-5, atol=1e-5)
 
 
-def test_single_latent_decodes_one_image_through_a_short_clip(vae):
+@pytest.mark.parametrize("tile_size", [256, 32])
+def test_single_latent_decodes_one_image_through_a_short_clip(vae, monkeypatch, tile_size):
     z = torch.randn(1, 24, 1, 2, 3)
-    out = vae.decode(z)
+    canvases, frames_written = [], []
+    real_init, real_add = video_vae._CanvasWriter.__init__, video_vae._CanvasWriter.add
+
+    def spy_init(self, canvas, *args):
+        canvases.append(tuple(canvas.shape))
+        real_init(self, canvas, *args)
+
+    def spy_add(self, decoded, tiles, batch, window):
+        frames_written.extend([sum(b - a for a, b in window.keep)] * len(tiles))
+        real_add(self, decoded, tiles, batch, window)
+
+    monkeypatch.setattr(video_vae._CanvasWriter, "__init__", spy_init)
+    monkeypatch.setattr(video_vae._CanvasWriter, "add", spy_add)
+    out = vae.decode(z, tile_size=tile_size, tile_overlap=16)
     assert out.shape == (1, 1, 32, 48, 3)
-    # It is the first valid frame of the repeated 2-latent clip ...
-    clip = vae.decode(z.expand(-1, -1, 2, -1, -1))
-    torch.testing.assert_close(out[:, 0], clip[:, 0])
-    # ... not the naive lone-token decode.
+    # One canvas the size of the image; tiles were cut to the one kept frame before blending.
+    assert canvases == [(1, 1, 32, 48, 3)] and set(frames_written) == {1}
+    assert len(frames_written) == (1 if tile_size == 256 else 2)   # tiles blended
+    # It is the first frame of the repeated 2-latent clip ...
+    clip = vae.decode(z.expand(-1, -1, 2, -1, -1), tile_size=tile_size, tile_overlap=16)
+    torch.testing.assert_close(out[:, 0], clip[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_single_image_differs_from_the_naive_lone_token_decode(vae):
+    z = torch.randn(1, 24, 1, 2, 3, generator=torch.Generator().manual_seed(5))
+    out = vae.decode(z)
+    # Naive: the lone token through the decoder on its own, its valid (last) frame kept.
+    with torch.no_grad():
+        raw = vae._decode_pixels(z * vae.latents_std.view(1, -1, 1, 1, 1) + vae.latents_mean.view(1, -1, 1, 1, 1))
+        naive = (raw[:, :, -1] * vae.pixel_std[:, :, 0] + vae.pixel_mean[:, :, 0]).clamp(0, 1).permute(0, 2, 3, 1)
+    assert naive.shape == out[:, 0].shape
+    assert (naive - out[:, 0]).abs().max() > 1e-3
+    # The flagged direct path is exactly that naive decode.
     vae.t1_direct = True
     try:
         direct = vae.decode(z)
     finally:
         vae.t1_direct = False
-    assert direct.shape == out.shape and not torch.allclose(direct, out)
+    torch.testing.assert_close(direct[:, 0], naive, rtol=1e-5, atol=1e-5)
 
 
 def test_direct_single_latent_path_only_with_metadata_flag(vae, tmp_path):
@@ -169,3 +295,7 @@ def test_tile_plans_cover_and_blend_to_one():
     torch.testing.assert_close(tiling.normalise(canvas, crowded, crowded), torch.full((25, 25), 3.0))
     w = plan.weights(1)
     assert w[0] == 0 and w[plan.size // 2] == 1 and w[-1] == 0
+    # 1040 px in 256 px tiles: 6 tiles; the 176 px left over beyond 5 x 64 spread over the seams in 16 px steps.
+    odd = tiling.plan_tiles(1040 // 16, 16, 4, 1).scaled(16)
+    assert len(odd.starts) == 6 and sorted(odd.overlaps) == [96, 96, 96, 96, 112]
+    assert odd.starts[-1] + odd.size == 1040 and odd.exact
