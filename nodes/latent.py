@@ -87,6 +87,15 @@ def _empty_latent_av(width: int, height: int, length: int) -> tuple[dict]:
     return (empty_av_latent("EmptyMiniMaxH3LatentAV", width, height, length),)
 
 
+def _empty_latent_image(width: int, height: int, batch_size: int = 1) -> tuple[dict]:
+    from models.h3 import empty_image_latent
+
+    try:
+        return (empty_image_latent(width - width % 16, height - height % 16, batch_size),)
+    except ValueError as exc:
+        raise ValueError(f"EmptyLatentImage: {exc}") from None
+
+
 def _save_latent(samples: dict, filename_prefix: str = "latents/ComfyUI", prompt: Any = None,
                  extra_pnginfo: Any = None) -> NodeOutput:
     latent = check_latent("SaveLatent", samples, need=())
@@ -161,6 +170,16 @@ NODES = [
         execute=_empty_latent_av,
         inputs=[_size("width"), _size("height"), Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP)],
         outputs=[Output("LATENT")],
+    ),
+    NodeSpec(
+        node_id="EmptyLatentImage", display_name="Empty Latent Image", category="latent", python_module="nodes",
+        description="Empty H3 latents for single images: one latent frame each (a clip start), no sound. "
+                    "Sizes are floored to multiples of 16 pixels.",
+        inputs=[Input.int("width", 512, min=32, max=MAX_RESOLUTION, step=16, tooltip="Image width in pixels."),
+                Input.int("height", 512, min=32, max=MAX_RESOLUTION, step=16, tooltip="Image height in pixels."),
+                Input.int("batch_size", 1, min=1, max=4096, tooltip="How many images.")],
+        outputs=[Output("LATENT", tooltip="One H3 latent frame per image.")],
+        execute=_empty_latent_image,
     ),
     NodeSpec(
         node_id="SaveLatent", display_name="Save Latent", category="_for_testing", python_module="nodes",

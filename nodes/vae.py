@@ -107,7 +107,9 @@ NODES = [
     ),
     NodeSpec(
         node_id="VAEDecode", display_name="VAE Decode", category="latent", python_module="nodes",
-        description="Decodes latent images back into pixel space images (the video stream of an H3 latent).",
+        description="Decodes latent images back into pixel space images (the video stream of an H3 latent), in "
+                    "256-pixel tiles. A lone latent frame (a single image) is decoded as the start of a short clip "
+                    "and its first frame kept, which costs a short clip's decode.",
         execute=_vae_decode,
         inputs=[Input.link("samples", "LATENT", tooltip="The latent to be decoded."),
                 Input.link("vae", "VAE", tooltip="The VAE model used for decoding the latent.")],

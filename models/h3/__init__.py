@@ -29,11 +29,11 @@ frames[B,T,H,W,3]`` (float32, 0..1); ``AudioVAE.encode(wave[B,2,S] at 32 kHz) ->
 ``sample(model, latent, conditioning, sigmas, noise_seed, sampler="euler", callback=None) -> LATENT``.
 Loading: ``models.loading.load_model(path, expect=...)``; tiny weights: ``models.h3.make_tiny.write_tiny``.
 """
-from models.h3.latents import (AUDIO_SAMPLE_RATE, FRAME_RATE, audio_latent_frames, empty_latent, latent_frames,
-                               pixel_frames, snap_frames)
+from models.h3.latents import (AUDIO_SAMPLE_RATE, FRAME_RATE, audio_latent_frames, empty_image_latent, empty_latent,
+                               latent_frames, pixel_frames, snap_frames)
 from models.h3.sampling import SAMPLERS, convert_sigma, sample, sigmas
 
 __all__ = [
-    "AUDIO_SAMPLE_RATE", "FRAME_RATE", "audio_latent_frames", "empty_latent", "latent_frames", "pixel_frames",
+    "AUDIO_SAMPLE_RATE", "FRAME_RATE", "audio_latent_frames", "empty_image_latent", "empty_latent", "latent_frames", "pixel_frames",
     "snap_frames", "SAMPLERS", "convert_sigma", "sample", "sigmas",
 ]

@@ -66,3 +66,15 @@ def empty_latent(width: int, height: int, length: int, batch: int = 1) -> dict:
     video = torch.zeros(batch, VIDEO_CHANNELS, latent_frames(length), height // SPATIAL_RATIO, width // SPATIAL_RATIO)
     audio = torch.zeros(batch, AUDIO_CHANNELS, AUDIO_LANES, audio_latent_frames(length))
     return {"samples": video, "audio_samples": audio, "frame_rate": FRAME_RATE, "length": length}
+
+
+def empty_image_latent(width: int, height: int, batch: int = 1) -> dict:
+    """An all-zero H3 LATENT for `batch` single images: one latent frame ("clip start") each, no sound."""
+    for name, value in (("width", width), ("height", height)):
+        if value < 32 or value % SPATIAL_RATIO:
+            raise ValueError(f"{name} must be a multiple of {SPATIAL_RATIO} and at least 32, got {value}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    video = torch.zeros(batch, VIDEO_CHANNELS, 1, height // SPATIAL_RATIO, width // SPATIAL_RATIO)
+    audio = torch.zeros(batch, AUDIO_CHANNELS, AUDIO_LANES, 0)  # (B, 32, 2, 0): an image has no sound
+    return {"samples": video, "audio_samples": audio, "frame_rate": FRAME_RATE, "length": 1}

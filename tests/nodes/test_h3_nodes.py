@@ -586,3 +586,22 @@ def test_sigma_shift_survives_a_lora_stacked_after_it(h3):
         "o": {"class_type": "TestOutput", "inputs": {"value": ["sched", 0]}},
     }
     assert torch.allclose(probe(h3.run(prompt), "o"), torch.tensor([1.0, 0.5, 0.0]))
+
+
+def test_image_workflow_gives_one_image_per_latent(h3):
+    """EmptyLatentImage -> H3 sampler -> VAEDecode -> SaveImage: one image file per latent, at the image size."""
+    from PIL import Image
+
+    prompt = t2va_prompt(width=48, height=32, save_video=False)
+    for probe_id in ("decode_audio", "probe_audio", "av"):
+        prompt.pop(probe_id)
+    prompt["empty"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 48, "height": 32, "batch_size": 2}}
+    prompt["save"] = {"class_type": "SaveImage", "inputs": {"images": ["decode", 0], "filename_prefix": "img/h3"}}
+    result = h3.run(prompt)
+    latent = result.outputs["probe_latent"]["values"][0]
+    assert tuple(latent["samples"].shape[:3]) == (2, 24, 1)
+    images = result.outputs["save"]["images"]
+    assert len(images) == 2
+    for item in images:
+        path = h3.paths.folder(item["type"]) / item["subfolder"] / item["filename"]
+        assert Image.open(path).size == (48, 32)

@@ -64,3 +64,4 @@ def test_tiled_node_refuses_an_audio_vae():
     audio = VAE("audio", build_tiny("audio_vae"), "tiny audio")
     with pytest.raises(ValueError, match="VAEDecodeTiled"):
         _spec("VAEDecodeTiled").execute({"samples": torch.zeros(1, 24, 2, 2, 2)}, audio, 512, 64, 64, 8)
+
