@@ -13,6 +13,7 @@ is renamed when the file is complete.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
@@ -221,34 +222,34 @@ def as_frame_rate(value: Any) -> Fraction:
     return rate
 
 
-class Video:
+class Video(abc.ABC):
     """The VIDEO value's interface; see the module docstring."""
 
     bit_depth: int = 8
 
+    @abc.abstractmethod
     def get_components(self) -> "VideoComponents":
         """All frames in memory, with the audio and frame rate."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_dimensions(self) -> tuple[int, int]:
         """(width, height) in pixels."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_frame_count(self) -> int:
         """Number of picture frames."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_frame_rate(self) -> Fraction:
         """Frames per second, exact."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_audio(self) -> dict | None:
         """The soundtrack as AUDIO, or None for a silent video."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
         """Frames in order, `frames_per_chunk` at a time, as (t, H, W, C) tensors in 0..1."""
-        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:

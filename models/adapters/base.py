@@ -9,32 +9,33 @@ weight. The patcher applies patches on the fly at take time or merges them once;
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
 
 
-class DeltaSource:
+class DeltaSource(abc.ABC):
     """Factors of one adapter entry; `delta()` rebuilds its full weight delta (scale included)."""
 
     kind: str = "?"
     scale: float = 1.0
 
+    @abc.abstractmethod
     def delta_shape(self) -> tuple[int, ...]:
         """Shape of the rebuilt delta, known from the factor shapes without computing it."""
-        raise NotImplementedError
 
     def check(self) -> str | None:
         """Why the stored factors cannot form a delta, or None when they join."""
         return None
 
+    @abc.abstractmethod
     def tensors(self) -> dict[str, torch.Tensor]:
         """The stored factors by role."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         """The delta from float32 `factors` (same roles as `tensors()`), times `scale`."""
-        raise NotImplementedError
 
     def add_scaled(self, region: torch.Tensor, alpha: float, swap_halves: bool) -> bool:
         """Add `alpha` times the delta into float32 `region` without building the delta, if this kind can.
