@@ -192,25 +192,34 @@ class TerminalProgress:
         self.stream.flush()
 
 
-def command_run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py run", description="Run a workflow headless.")
+def _workflow_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("workflow", type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE")
+    return parser
+
+
+def _validated_workflow(args: argparse.Namespace, runtime: Runtime):
+    """Read, override (--set) and validate the workflow; PromptError when it cannot run."""
+    prompt = load_workflow(args.workflow, runtime.registry)
+    parse_set(args.set, prompt)
+    return prompt, runtime.validate(prompt)
+
+
+def command_run(argv: list[str]) -> int:
+    parser = _workflow_parser("main.py run", "Run a workflow headless.")
     parser.add_argument("--profile-json", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     runtime = Runtime(args)
     try:
-        prompt = load_workflow(args.workflow, runtime.registry)
-        parse_set(args.set, prompt)
-        validated = runtime.validate(prompt)
+        prompt, validated = _validated_workflow(args, runtime)
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=None if args.json else 2))
         return 2
-    progress = TerminalProgress(prompt)
     if not args.json:
-        runtime.events.subscribe(progress)
+        runtime.events.subscribe(TerminalProgress(prompt))
     prompt_id = str(uuid.uuid4())
     result = runtime.executor.run(validated, prompt_id=prompt_id)
     files = written_files(result, runtime.paths)
@@ -231,16 +240,12 @@ def command_run(argv: list[str]) -> int:
 
 
 def command_validate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py validate", description="Check a workflow without running it.")
-    parser.add_argument("workflow", type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE")
+    parser = _workflow_parser("main.py validate", "Check a workflow without running it.")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     runtime = Runtime(args)
     try:
-        prompt = load_workflow(args.workflow, runtime.registry)
-        parse_set(args.set, prompt)
-        validated = runtime.validate(prompt)
+        _, validated = _validated_workflow(args, runtime)
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=2))
         return 2
