@@ -1,7 +1,9 @@
 """The `compiled` backend's machinery: torch.compile once per shape class, lazily, with capability checks.
 
 A shape class is everything about a call that changes the generated code (dtype, device, feature
-sizes, which optional inputs are present) except the token count, which is compiled dynamic. Each
+sizes, which optional inputs are present) except the token (or frame) count: the caller either marks
+that size dynamic up front (`dynamic=`) or leaves dynamo to compile the first count static and
+recompile once with it symbolic when a second count arrives (automatic dynamic shapes). Each
 class gets its own compiled function object with its own code object: dynamo keeps its compiled
 variants per code object and stops compiling after a small limit, so sharing one code object
 across many layer shapes would silently drop the later ones back to Python.
@@ -91,6 +93,15 @@ class ShapeClassCompiler:
     def compiled_classes(self) -> int:
         """How many shape classes have a compiled function."""
         return len(self._compiled)
+
+    def variants(self, key: Hashable) -> int:
+        """How many graphs dynamo holds for class `key` (1 static; 2 once a second size made it dynamic)."""
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            return 0
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__))
 
     def run(self, key: Hashable, *args, dynamic: list[tuple[torch.Tensor, int]] = (), **kwargs):
         """Run the compiled function of class `key`; `dynamic` lists (tensor, dim) sizes left symbolic."""

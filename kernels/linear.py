@@ -2,7 +2,8 @@
 
 One public function, `linear`, with several backends behind a capability check (kernels/registry.py):
   eager     the reference (`linear_eager`); always runs
-  compiled  torch.compile of `_linear_graph`, once per shape class (token count dynamic); CPU and CUDA
+  compiled  torch.compile of `_linear_graph`, once per shape class (static for the first token count,
+            dynamic from the second); CPU and CUDA
   triton    a Triton kernel with prologue and epilogue fused into the matrix product (kernels/triton_linear.py);
             CUDA with the triton package only
   kitchen   comfy-kitchen's fused linear, only when `comfy_kitchen` is importable and capable
@@ -89,32 +90,50 @@ def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 # ----------------------------------------------------------------------------------------------
 # compiled backend
 
-def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None, scale: torch.Tensor | None,
-                  prologue: str | None, eps: float, fold_rms: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    """What torch.compile fuses: x2 (M, K) -> (M, N); rearranged so the prologue costs one read of x.
+# When the prologue writes an intermediate (swiglu, gelu_tanh, an unfolded rms_norm), the CPU graph
+# runs the product in row chunks, so that what one chunk's prologue writes is still in the last-level
+# cache when its product reads it, and the residual its epilogue adds goes into an output slice
+# that is still cached too: one intermediate buffer, reused by every chunk, never travels to main
+# memory. A chunk touches about CHUNK_BYTES (input, intermediate, residual, output); chunks stay
+# large enough (MIN_CHUNK_ROWS) for the matrix product to run at full speed, and few enough
+# (MAX_CHUNKS) to keep the graph small. Measured on the 2-core AMD EPYC (32 MiB L3) this was tuned
+# on, 40 interleaved rounds at 4096 x 1024 x 1024 with a residual: swiglu 1.19x -> 1.07x and
+# gelu_tanh 1.19x -> 1.12x a bare product (CPU time). The folded rms_norm writes no intermediate
+# (its row scale joins the epilogue) and measured no better chunked (1.07x -> 1.10x): it runs whole.
+CHUNK_BYTES = 20 << 20
+MIN_CHUNK_ROWS = 256
+MAX_CHUNKS = 16
 
-    RMSNorm is linear per row: rms_norm(x) * g @ W.T == rsqrt(mean(x^2)) * (x @ (W * g).T). So the
-    norm's weight is folded into the (small) weight matrix and the per-row scale is applied in the
-    epilogue, where it fuses with bias, residual scale and residual into one pass over the output.
-    (Not for float16, whose range an un-normalised x @ W could overflow.)
-    """
+
+def row_chunks(rows: int, x_features: int, in_features: int, out_features: int, element_size: int,
+               device_type: str) -> int:
+    """How many row chunks the compiled graph splits `rows` tokens into (1 = unchunked)."""
+    if device_type != "cpu" or rows < 2 * MIN_CHUNK_ROWS:
+        return 1
+    row_bytes = element_size * (x_features + in_features + 2 * out_features)
+    chunk_rows = max(MIN_CHUNK_ROWS, CHUNK_BYTES // row_bytes)
+    return max(1, min(MAX_CHUNKS, rows // MIN_CHUNK_ROWS, round(rows / chunk_rows)))
+
+
+def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None,
+                 scale: torch.Tensor | None, prologue: str | None, eps: float, fold_rms: bool,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """One chunk of rows: x2 (m, K) -> (m, N); with fold_rms the weight already holds the norm's weight."""
     row_scale = None
     h = x2
     if prologue == "rms_norm":
         if fold_rms:
             xf = x2.float()
-            row_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (M, 1)
-            if prologue_weight is not None:
-                weight = (weight.float() * prologue_weight.float()).to(weight.dtype)
+            row_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (m, 1)
         else:
             h = rms_norm(x2, prologue_weight, eps)
     elif prologue == "swiglu":
         gate, value = x2.chunk(2, dim=-1)
-        h = F.silu(gate) * value  # (M, K)
+        h = F.silu(gate) * value  # (m, K), contiguous
     elif prologue == "gelu_tanh":
         h = F.gelu(x2, approximate="tanh")
-    acc = h @ weight.t()  # (M, N)
+    acc = h @ weight.t()  # (m, N)
     if row_scale is None and residual2 is None and scale is None:
         return acc if bias is None else acc + bias
     y = acc.float()
@@ -127,6 +146,35 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if residual2 is not None:
         y = y + residual2.float()
     return y.to(out_dtype)
+
+
+def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None, scale: torch.Tensor | None,
+                  prologue: str | None, eps: float, fold_rms: bool, out_dtype: torch.dtype,
+                  chunks: int = 1) -> torch.Tensor:
+    """What torch.compile fuses: x2 (M, K) -> (M, N); rearranged so the prologue costs one read of x.
+
+    RMSNorm is linear per row: rms_norm(x) * g @ W.T == rsqrt(mean(x^2)) * (x @ (W * g).T). So the
+    norm's weight is folded into the (small) weight matrix, inside the graph (the weight a call
+    passes is the one used: nothing is cached across calls), and the per-row scale is applied in the
+    epilogue, where it fuses with bias, residual scale and residual into one pass over the output.
+    (Not for float16, whose range an un-normalised x @ W could overflow.)
+    `chunks` > 1 runs the rows in that many chunks (see CHUNK_BYTES); inductor writes each chunk's
+    result straight into its slice of one output and reuses one intermediate buffer for all chunks.
+    """
+    if prologue == "rms_norm" and fold_rms and prologue_weight is not None:
+        weight = (weight.float() * prologue_weight.float()).to(weight.dtype)  # (N, K), once for all chunks
+    if chunks == 1:
+        return _linear_rows(x2, weight, bias, prologue_weight, residual2, scale, prologue, eps, fold_rms, out_dtype)
+    rows = x2.shape[0]
+    row_scale_full = scale is not None and scale.dim() == 2  # a per-token gate, chunked with the rows
+    outs = []
+    for index in range(chunks):
+        lo, hi = index * rows // chunks, (index + 1) * rows // chunks
+        outs.append(_linear_rows(x2[lo:hi], weight, bias, prologue_weight,
+                                 residual2[lo:hi] if residual2 is not None else None,
+                                 scale[lo:hi] if row_scale_full else scale, prologue, eps, fold_rms, out_dtype))
+    return torch.cat(outs)
 
 
 _linear_compiler = _compiled.ShapeClassCompiler(_linear_graph)
@@ -177,16 +225,18 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
         residual2, residual_kind = residual.expand(out_shape).reshape(rows, out_features), "full"
     fold_rms = prologue == "rms_norm" and x.dtype != torch.float16
     out_dtype = residual.dtype if residual is not None else x.dtype
+    writes_intermediate = prologue in ("swiglu", "gelu_tanh") or (prologue == "rms_norm" and not fold_rms)
+    chunks = (row_chunks(rows, x.shape[-1], in_features, out_features, x.element_size(), x.device.type)
+              if writes_intermediate else 1)
     key = (prologue, in_features, out_features, x.dtype, x.device.type, bias is not None,
            prologue_weight is not None, residual_kind, residual.dtype if residual is not None else None,
-           scale_kind, float(eps), rows == 1)
-    dynamic = [(x2, 0)]
-    if residual2 is not None:
-        dynamic.append((residual2, 0))
-    if scale_kind == "full":
-        dynamic.append((scale, 0))
+           scale_kind, float(eps), rows == 1, chunks)
+    # No size is marked dynamic: the first token count of a class compiles a static graph (every
+    # loop bound a constant), which is what a denoising loop calling the same shape thousands of
+    # times runs. A second, different count makes dynamo recompile the class once with the count
+    # symbolic (automatic dynamic shapes), so varying prompt lengths cost one more compile, not one each.
     y = _linear_compiler.run(key, x2, weight, bias, prologue_weight, residual2, scale, prologue, float(eps),
-                             fold_rms, out_dtype, dynamic=dynamic if rows > 1 else [])
+                             fold_rms, out_dtype, chunks)
     return y.reshape(out_shape)
 
 

@@ -76,6 +76,7 @@ def test_every_prologue_epilogue_combination_through_the_public_function(prologu
 # token count that changes between calls (the dynamic dimension).
 COMPILED_CASES = [
     ("rms_norm", torch.float32, [(1, 37), (3, 19)], 33, 17, True, True, "channel"),
+    ("rms_norm", torch.bfloat16, [(1, 1)], 20, 12, False, True, "sample"),  # the folded norm weight in bf16
     ("swiglu", torch.bfloat16, [(1, 9)], 24, 40, False, True, "scalar"),
     ("gelu_tanh", torch.float32, [(5,)], 31, 13, True, False, None),
 ]
@@ -200,3 +201,62 @@ def test_bad_arguments_name_the_shapes(args, message):
     residual = torch.randn(*args["residual"]) if "residual" in args else None
     with pytest.raises(ValueError, match=message):
         linear(x, weight, prologue=args.get("prologue"), residual=residual)
+
+
+def _compiled_here():
+    backend = LINEAR.backend("compiled")
+    reason = backend.unavailable_reason()
+    if reason is None:
+        x = torch.zeros(2, 2)
+        reason = backend.decline_reason(x, torch.zeros(2, 2))
+    if reason is not None:
+        pytest.skip(f"compiled backend unavailable here: {reason}")
+
+
+@pytest.mark.parametrize("prologue,dtype,scale", [("gelu_tanh", torch.float32, "sample"),
+                                                  ("swiglu", torch.bfloat16, "channel")])
+def test_compiled_row_chunks_match_eager_and_go_dynamic_once(monkeypatch, prologue, dtype, scale):
+    """The chunked CPU graph (forced on small shapes) against eager, over three token counts."""
+    _compiled_here()
+    from kernels import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(linear_module, "CHUNK_BYTES", 1600)  # 2-4 chunks of these 30-34 tokens
+    in_features, out_features = (11, 9) if prologue == "gelu_tanh" else (8, 13)
+    keys = set()
+    for seed, rows_shape in enumerate([(2, 15), (4, 8), (2, 17)]):  # 30, 32, 34 tokens
+        (x, weight, b), kw = make_inputs(rows_shape, in_features, out_features, dtype, prologue=prologue,
+                                         residual=True, scale=scale, seed=seed)
+        rows = x.numel() // x.shape[-1]
+        chunks = linear_module.row_chunks(rows, x.shape[-1], in_features, out_features, x.element_size(), "cpu")
+        assert chunks > 1
+        out = LINEAR(x, weight, b, backend="compiled", **kw)
+        torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[dtype])
+        keys.update(k for k in linear_module._linear_compiler._compiled
+                    if k[:3] == (prologue, in_features, out_features) and k[-1] == chunks)
+    # Static for the first token count, symbolic from the second: never one graph per count.
+    assert len(keys) == 1 and linear_module._linear_compiler.variants(keys.pop()) == 2
+
+
+def test_row_chunks_plan():
+    from kernels.linear import MAX_CHUNKS, MIN_CHUNK_ROWS, row_chunks
+
+    assert row_chunks(4096, 2048, 1024, 1024, 4, "cpu") > 1  # the SwiGLU target shape is chunked
+    assert row_chunks(MIN_CHUNK_ROWS, 1024, 1024, 1024, 4, "cpu") == 1  # too few tokens to split
+    assert row_chunks(4096, 2048, 1024, 1024, 4, "cuda") == 1  # only the CPU graph chunks
+    assert row_chunks(1 << 20, 64, 64, 64, 4, "cpu") == MAX_CHUNKS
+    for rows in (600, 1000, 4096, 5000):
+        chunks = row_chunks(rows, 1024, 1024, 1024, 4, "cpu")
+        assert rows // chunks >= MIN_CHUNK_ROWS
+
+
+def test_compiled_uses_the_weights_of_each_call():
+    """The norm weight is folded into the weight inside the graph: new values are used at once."""
+    _compiled_here()
+    (x, weight, b), kw = make_inputs((3, 5), 16, 8, torch.float32, prologue="rms_norm", residual=True)
+    first = LINEAR(x, weight, b, backend="compiled", **kw)
+    weight.mul_(2)  # in place: same tensor object, same address
+    kw["prologue_weight"].add_(1)
+    second = LINEAR(x, weight, b, backend="compiled", **kw)
+    torch.testing.assert_close(second, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
+    assert not torch.allclose(first, second)
