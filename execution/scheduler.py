@@ -91,6 +91,53 @@ class _Collected:
         self.expansions: list[dict] = []
 
 
+class _CallGuard:
+    """Around one call of a node: its context active, and what it raises turned into the job's error."""
+
+    __slots__ = ("state", "node", "context", "gathered", "token")
+
+    def __init__(self, state: "_RunState", node: PromptNode, gathered: dict) -> None:
+        self.state, self.node, self.gathered = state, node, gathered
+        self.context = state._context(node)
+
+    def __enter__(self) -> None:
+        self.token = run_context.activate(self.context)
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        run_context.deactivate(self.token)
+        if exc is None or isinstance(exc, NodeExecutionError):
+            return False
+        if isinstance(exc, run_context.ExecutionInterrupted):
+            exc.node = self.node
+            return False
+        if isinstance(exc, Exception):
+            raise NodeExecutionError(self.state._error_payload(self.node, exc, self.gathered)) from exc
+        return False
+
+
+class _NodeRun:
+    """One node's run: started (events, blocker check, timers), its calls, then ended (profile, outputs)."""
+
+    __slots__ = ("state", "node", "spec", "wall0", "cpu0", "skipped", "calls", "collected", "guard")
+
+    def __init__(self, state: "_RunState", node: PromptNode, spec, gathered: dict) -> None:
+        self.state, self.node, self.spec = state, node, spec
+        self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
+        blocked = state._begin(node, spec, gathered)
+        self.skipped = blocked is not None
+        if self.skipped:
+            state._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, self.wall0, self.cpu0)
+            return
+        self.calls = state._call_args(spec, gathered)
+        self.collected = _Collected(len(spec.outputs))
+        self.guard = _CallGuard(state, node, gathered)
+
+    def end(self) -> None:
+        collected = self.collected
+        self.state._end(self.node, self.spec, collected.outputs, collected.ui or None, collected.expansions,
+                        len(self.calls), self.wall0, self.cpu0)
+
+
 class NodeExecutionError(Exception):
     """A node raised; carries the event payload for execution_error."""
 
@@ -504,54 +551,28 @@ class _RunState:
         return blocked
 
     def _execute_sync(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
-        blocked = self._begin(node, spec, gathered)
-        if blocked is not None:
-            self._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, wall0, cpu0)
+        run = _NodeRun(self, node, spec, gathered)
+        if run.skipped:
             return
-        calls = self._call_args(spec, gathered)
-        collected = _Collected(len(spec.outputs))
-        context = self._context(node)
-        for args in calls:
-            token = run_context.activate(context)
-            try:
+        for args in run.calls:
+            with run.guard:
                 result = spec.execute(**spec.group_arguments(args))
                 if inspect.isawaitable(result):
                     raise TypeError(f"node '{spec.node_id}' returned an awaitable from a non-async execute")
-            except run_context.ExecutionInterrupted as stop:
-                stop.node = node
-                raise
-            except Exception as exc:
-                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
-            finally:
-                run_context.deactivate(token)
-            self._collect(node, spec, result, collected, gathered)
-        self._end(node, spec, collected.outputs, collected.ui or None, collected.expansions, len(calls), wall0, cpu0)
+            self._collect(node, spec, result, run.collected, gathered)
+        run.end()
 
     async def _execute_async(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
-        blocked = self._begin(node, spec, gathered)
-        if blocked is not None:
-            self._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, wall0, cpu0)
+        run = _NodeRun(self, node, spec, gathered)
+        if run.skipped:
             return
-        calls = self._call_args(spec, gathered)
-        collected = _Collected(len(spec.outputs))
-        context = self._context(node)
-        for args in calls:
-            token = run_context.activate(context)
-            try:
+        for args in run.calls:
+            with run.guard:
                 result = spec.execute(**spec.group_arguments(args))
                 if inspect.isawaitable(result):
                     result = await result
-            except run_context.ExecutionInterrupted as stop:
-                stop.node = node
-                raise
-            except Exception as exc:
-                raise NodeExecutionError(self._error_payload(node, exc, gathered)) from exc
-            finally:
-                run_context.deactivate(token)
-            self._collect(node, spec, result, collected, gathered)
-        self._end(node, spec, collected.outputs, collected.ui or None, collected.expansions, len(calls), wall0, cpu0)
+            self._collect(node, spec, result, run.collected, gathered)
+        run.end()
 
     @staticmethod
     def _call_args(spec, gathered: dict[str, list[Any]]) -> list[dict[str, Any]]:
