@@ -26,7 +26,7 @@ from execution.graph import Link, PromptNode
 _fresh = itertools.count()
 
 
-@dataclass
+@dataclass(slots=True)
 class CachedResult:
     """What a node produced: per-output value lists and its UI dict."""
 
