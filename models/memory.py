@@ -480,6 +480,17 @@ def using(module: nn.Module, *, dtype: torch.dtype | None = None) -> Iterator[tu
         release(module)
 
 
+@contextlib.contextmanager
+def using_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """`with using_named(module, dtype=x.dtype) as own:` the module's own parameters and buffers by
+    name (not its children's) for the block, released after."""
+    tensors = take_named(module, dtype=dtype)
+    try:
+        yield tensors
+    finally:
+        release(module)
+
+
 def prefetch(modules: nn.Module | Iterable[nn.Module], *, dtype: torch.dtype | None = None) -> int:
     """Start copying `modules`' weights to the device ahead of use (no-op without a manager or on CPU)."""
     runtime = _runtime

@@ -15,10 +15,8 @@ memory manager's take/release (models/memory.py).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -55,15 +53,6 @@ class AudioVAEConfig:
 TINY_CONFIG = AudioVAEConfig(encoder_dim=4, latent_dim=256, decoder_dim=128, resblock_kernels=(3,), resblock_dilations=(1,))
 
 
-@contextlib.contextmanager
-def _held(module: nn.Module, dtype: torch.dtype) -> Iterator[dict[str, torch.Tensor]]:
-    # A module's own parameters and buffers (not its children's), taken through the memory manager for one op.
-    tensors = memory.take_named(module, dtype=dtype)
-    try:
-        yield tensors
-    finally:
-        memory.release(module)
-
 
 def _snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     # x + sin^2(alpha x) / beta
@@ -78,7 +67,7 @@ class Snake1d(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _held(self, x.dtype) as own:
+        with memory.using_named(self, dtype=x.dtype) as own:
             a = own["alpha"]
             return _snake(x, a, a)
 
@@ -92,7 +81,7 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _held(self, torch.float32) as own:  # exp in float32, then the activation's dtype
+        with memory.using_named(self, dtype=torch.float32) as own:  # exp in float32, then the activation's dtype
             alpha = own["alpha"].exp().to(x.dtype).view(1, -1, 1)
             beta = own["beta"].exp().to(x.dtype).view(1, -1, 1)
         return _snake(x, alpha, beta)
@@ -131,7 +120,7 @@ class AntiAliasedActivation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, length = x.shape
         k = self.KERNEL
-        with _held(self, x.dtype) as own:
+        with memory.using_named(self, dtype=x.dtype) as own:
             filt = own["filter"].view(1, 1, k)
         # Channels fold into the batch so the single-channel filter runs as a plain (fast) convolution.
         x = x.reshape(n * c, 1, length)
@@ -218,7 +207,7 @@ class CausalAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        with _held(self, x.dtype) as own:
+        with memory.using_named(self, dtype=x.dtype) as own:
             bias = torch.cat([own["q_bias"], own["zero_k_bias"], own["v_bias"]])
         qkv = self.qkv(x) + bias
         q, k, v = qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, D)
@@ -325,7 +314,7 @@ class AudioVAE(nn.Module):
         b, lanes, length = w.shape
         if length == 0:
             raise ValueError("audio VAE encode got an empty waveform")
-        with torch.no_grad(), _held(self, torch.float32) as stats:
+        with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             dtype = self.mean_proj.weight.dtype
             x = F.pad(w.float(), (0, (-length) % hop)).reshape(b * lanes, 1, -1)
             x = x.to(device=compute_device(self), dtype=dtype)
@@ -355,7 +344,7 @@ class AudioVAE(nn.Module):
         if chunk_frames is not None and chunk_frames < t and chunk_frames < 2 * overlap_frames:
             raise ValueError(f"audio decode chunk ({chunk_frames} frames) must be at least twice its overlap "
                              f"({overlap_frames}), and the overlap at least 1 frame")
-        with torch.no_grad(), _held(self, torch.float32) as stats:
+        with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             z = latents.permute(0, 2, 1, 3).reshape(b * lanes, c, t).to(compute_device(self), torch.float32)
             z = z * stats["latents_std"].view(1, -1, 1) + stats["latents_mean"].view(1, -1, 1)
             wave = self._decode_chunked(z, chunk_frames, overlap_frames)

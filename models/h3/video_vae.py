@@ -20,7 +20,6 @@ are ImageNet-normalised on the way in and out. Parameter names are the original 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Iterator
@@ -81,15 +80,6 @@ class VideoVAEConfig:
 TINY_CONFIG = VideoVAEConfig(base_channels=8, channel_mult=(1, 1, 2, 2, 4, 4), res_blocks=(1, 1, 1, 1, 1, 1),
                              decoder_layers=2, decoder_heads=1)
 
-
-@contextlib.contextmanager
-def _held(module: nn.Module, dtype: torch.dtype) -> Iterator[dict[str, torch.Tensor]]:
-    # A module's own parameters and buffers (not its children's), taken through the memory manager for one op.
-    tensors = memory.take_named(module, dtype=dtype)
-    try:
-        yield tensors
-    finally:
-        memory.release(module)
 
 
 def _norm(groups: int, channels: int) -> FrameGroupNorm:
@@ -229,7 +219,7 @@ class DecoderBlock(nn.Module):
         self.scale2 = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        with _held(self, x.dtype) as own:  # the residual scales, through the memory manager like every weight
+        with memory.using_named(self, dtype=x.dtype) as own:  # the residual scales, taken like every weight
             x = self.attn(x, rope, self.norm1, own["scale1"])
             return self.ff(x, self.norm2, own["scale2"])
 
@@ -273,7 +263,7 @@ class ViTDecoder(nn.Module):
         x = self.x_embedder(z.flatten(2).transpose(1, 2).to(dtype))  # (B, N, dim)
         n = x.shape[1]
         # The register tokens and RoPE frequencies reach the device through the memory manager (float32).
-        with _held(self, torch.float32) as own:
+        with memory.using_named(self, dtype=torch.float32) as own:
             registers = own["register_tokens"].to(dtype).expand(b, -1, -1)
             rope = self.rope(t, h, w, z.device, own["inv_freq"])
         x = torch.cat([x, registers, torch.zeros_like(x[:, :1])], dim=1)
@@ -394,7 +384,7 @@ class VideoVAE(nn.Module):
         if x.shape[2] % ratio or x.shape[3] % ratio or x.shape[2] < 2 * ratio or x.shape[3] < 2 * ratio:
             raise ValueError(f"video VAE encode needs frame sizes that are multiples of {ratio} and at least "
                              f"{2 * ratio}; got {x.shape[3]}x{x.shape[2]}")
-        with torch.no_grad(), _held(self, torch.float32) as stats:
+        with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             device = compute_device(self)
             x = x.to(device=device, dtype=torch.float32).permute(0, 4, 1, 2, 3)  # (B, 3, T, H, W)
             x = (x - stats["pixel_mean"]) / stats["pixel_std"]
@@ -473,7 +463,7 @@ class VideoVAE(nn.Module):
         self.last_tile_batch_fallbacks = 0
         state = {"cap": min(int(tile_batch), self.MAX_TILE_BATCH) if tile_batch is not None else self.MAX_TILE_BATCH,
                  "explicit": tile_batch is not None}
-        with torch.no_grad(), _held(self, torch.float32) as stats:
+        with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             device = compute_device(self)
             z = latents.to(device=device, dtype=torch.float32)
             z = z * stats["latents_std"].view(1, -1, 1, 1, 1) + stats["latents_mean"].view(1, -1, 1, 1, 1)
