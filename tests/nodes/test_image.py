@@ -16,21 +16,6 @@ from execution.validation import validate_prompt
 SPECS = {spec.node_id: spec for spec in image_nodes.NODES}
 
 
-@pytest.fixture
-def events():
-    """Events the `ctx` context emitted, as (event, data) pairs."""
-    return []
-
-
-@pytest.fixture
-def ctx(tmp_path, events):
-    """A RunContext rooted in tmp_path that records emitted events."""
-    context = RunContext(prompt_id="job", node_id="7", display_node_id="7", paths=Paths(tmp_path).ensure(),
-                         emit=lambda event, data: events.append((event, data)))
-    token = activate(context)
-    yield context
-    deactivate(token)
-
 
 def run(node_id, **kwargs):
     return SPECS[node_id].execute(**kwargs)

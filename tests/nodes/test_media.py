@@ -19,21 +19,6 @@ SPECS = {spec.node_id: spec for spec in media.NODES}
 SR = media.MP4_AUDIO_SAMPLE_RATE_HZ
 
 
-@pytest.fixture
-def events():
-    """Events the `ctx` context emitted, as (event, data) pairs."""
-    return []
-
-
-@pytest.fixture
-def ctx(tmp_path, events):
-    """A RunContext rooted in tmp_path that records emitted events."""
-    context = RunContext(prompt_id="job", node_id="9", display_node_id="9", paths=Paths(tmp_path).ensure(),
-                         emit=lambda event, data: events.append((event, data)))
-    token = activate(context)
-    yield context
-    deactivate(token)
-
 
 def run(node_id, **kwargs):
     return SPECS[node_id].execute(**kwargs)

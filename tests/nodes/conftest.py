@@ -1,0 +1,23 @@
+"""Fixtures for calling node specs directly: a RunContext rooted in the test's tmp folder."""
+from __future__ import annotations
+
+import pytest
+
+from execution.context import RunContext, activate, deactivate
+from execution.paths import Paths
+
+
+@pytest.fixture
+def events():
+    """Events the `ctx` context emitted, as (event, data) pairs."""
+    return []
+
+
+@pytest.fixture
+def ctx(tmp_path, events):
+    """A RunContext rooted in tmp_path that records emitted events."""
+    context = RunContext(prompt_id="job", node_id="7", display_node_id="7", paths=Paths(tmp_path).ensure(),
+                         emit=lambda event, data: events.append((event, data)))
+    token = activate(context)
+    yield context
+    deactivate(token)
