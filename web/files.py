@@ -273,14 +273,22 @@ def _upload_type(fields: dict[str, str]) -> str:
     return kind
 
 
-@refuses_os_errors
-async def post_upload_image(request: web.Request) -> web.Response:
-    """Store an uploaded file (streamed, size- and pixel-capped) under a confined name."""
-    state = state_of(request)
+async def _uploaded_image(request: web.Request):
+    """The start both upload routes share: (state, form fields, file name, temp path), or an error response."""
     fields, files = await _read_upload(request, ("image",))
     if "image" not in files:
         return _bad("the form needs a file field 'image'")
     filename, temp = files["image"]
+    return state_of(request), fields, filename, temp
+
+
+@refuses_os_errors
+async def post_upload_image(request: web.Request) -> web.Response:
+    """Store an uploaded file (streamed, size- and pixel-capped) under a confined name."""
+    upload = await _uploaded_image(request)
+    if isinstance(upload, web.Response):
+        return upload
+    state, fields, filename, temp = upload
     config = state.config
     try:
         kind = _upload_type(fields)
@@ -304,11 +312,10 @@ async def post_upload_image(request: web.Request) -> web.Response:
 @refuses_os_errors
 async def post_upload_mask(request: web.Request) -> web.Response:
     """Put the uploaded mask's alpha into a copy of the original image (`original_ref`), saved as PNG."""
-    state = state_of(request)
-    fields, files = await _read_upload(request, ("image",))
-    if "image" not in files:
-        return _bad("the form needs a file field 'image'")
-    filename, temp = files["image"]
+    upload = await _uploaded_image(request)
+    if isinstance(upload, web.Response):
+        return upload
+    state, fields, filename, temp = upload
     config = state.config
     try:
         try:
