@@ -123,19 +123,19 @@ def test_a_declining_backend_passes_to_the_next():
         return "odd row count" if x.shape[0] % 2 else None
 
     def doubled(*args, **kwargs):
-        calls.append("fake")
+        calls.append("even_rows_only")
         return 2 * linear_eager(*args, **kwargs)
 
-    LINEAR.register("fake", doubled, check=refusing_check, before=LINEAR.names()[0])
+    LINEAR.register("even_rows_only", doubled, check=refusing_check, before=LINEAR.names()[0])
     try:
         (x, weight, b), kw = make_inputs((3,), 4, 4, torch.float32)
         torch.testing.assert_close(linear(x, weight, b), linear_eager(x, weight, b))  # declined: next backend ran
-        assert calls == [] and LINEAR.last_backend != "fake"
+        assert calls == [] and LINEAR.last_backend != "even_rows_only"
         (x, weight, b), kw = make_inputs((2,), 4, 4, torch.float32)
         torch.testing.assert_close(linear(x, weight, b), 2 * linear_eager(x, weight, b))
-        assert calls == ["fake"] and LINEAR.last_backend == "fake"
+        assert calls == ["even_rows_only"] and LINEAR.last_backend == "even_rows_only"
     finally:
-        LINEAR.unregister("fake")
+        LINEAR.unregister("even_rows_only")
 
 
 def test_a_backend_failing_at_run_time_falls_back():
