@@ -1,5 +1,7 @@
 """The unified Linear per backend as a ratio to a bare matrix product of the same shape, measured side by side.
 
+Backends: eager, compiled, and triton when a CUDA device is present (with bfloat16 there).
+
 Shapes are H3-like: tokens 1024 and 4096, hidden 1024 and 2048 (in = out = hidden), each prologue with
 a residual epilogue. Built to give a stable figure on a shared, loaded machine:
   - every backend is compiled (and checked against eager) in a warm-up before any timing;
@@ -169,11 +171,15 @@ def main() -> None:
                                                       ((4096, 2048), 3)]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     wait_policy = os.environ.get("OMP_WAIT_POLICY", "default (spin)")
-    print(f"device: {device} ({'GPU' if device.type == 'cuda' else 'CPU only: no GPU on this machine, triton not measured'}), "
+    triton_note = LINEAR.backend("triton").unavailable_reason() if device.type == "cuda" else None
+    gpu_note = "GPU" if triton_note is None else f"GPU, triton not measured: {triton_note}"
+    print(f"device: {device} ({gpu_note if device.type == 'cuda' else 'CPU only: no GPU on this machine, triton not measured'}), "
           f"dtype {str(dtype).removeprefix('torch.')}, torch threads {threads}, OMP_WAIT_POLICY {wait_policy}, "
           f"load average {load:.1f}")
+    # triton is measured on a GPU only: on the CPU it exists solely as Triton's interpreter (a test tool).
     backends = ["eager"] + [name for name in LINEAR.names()
-                            if name != "eager" and LINEAR.backend(name).unavailable_reason() is None]
+                            if name != "eager" and LINEAR.backend(name).unavailable_reason() is None
+                            and (name != "triton" or device.type == "cuda")]
     fused = [name for name in backends if name != "eager"]
     print(f"backends measured: {backends}; ratio = backend time / bare product time in the same round, "
           "median over rounds [25th..75th percentile]")

@@ -5,7 +5,7 @@ One public function, `linear`, with several backends behind a capability check (
   compiled  torch.compile of `_linear_graph`, once per shape class (static for the first token count,
             dynamic from the second); CPU and CUDA
   triton    a Triton kernel with prologue and epilogue fused into the matrix product (kernels/triton_linear.py);
-            CUDA with the triton package only
+            CUDA with the triton package (CPU tensors only under TRITON_INTERPRET=1, and only when forced)
   kitchen   comfy-kitchen's fused linear, only when `comfy_kitchen` is importable and capable
 
 Prologues: `rms_norm` (x / rms(x) * prologue_weight, eps), `swiglu` (silu(first half of x) * second
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import compiled as _compiled
+from kernels import triton_linear as _triton_linear
 from kernels.norms import rms_norm
 from kernels.registry import KernelRegistry, disable_fused_kernels, fused_kernels_enabled  # noqa: F401 (re-exported)
 
@@ -247,6 +248,10 @@ LINEAR = KernelRegistry("linear")
 LINEAR.register("eager", linear_eager)
 LINEAR.register("compiled", linear_compiled, check=_compiled_check, available=_compiled.available,
                 worthwhile=_compiled_worthwhile, before="eager")
+# The hand-written kernel first: on CUDA it fuses what the compiled graph leaves to inductor; on
+# a machine without CUDA it is unavailable (or interpreter-only) and never chosen automatically.
+LINEAR.register("triton", _triton_linear.linear_triton, check=_triton_linear.check,
+                available=_triton_linear.available, worthwhile=_triton_linear.worthwhile, before="compiled")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
