@@ -19,7 +19,7 @@ from execution.errors import PromptError
 from execution.events import EventBus
 from execution.paths import Paths
 from execution.scheduler import Executor, JobResult, print_profile_table
-from execution.validation import validate_prompt
+from execution.validation import ValidationMemo, validate_prompt
 
 ROOT = Path(__file__).resolve().parent
 
@@ -101,11 +101,13 @@ class Runtime:
         self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args)
         self.executor = Executor(self.registry, cache=cache_from_args(args), events=self.events, paths=self.paths,
                                  runtime=services)
+        self.validation_memo = ValidationMemo()  # re-submitting an unchanged prompt skips re-checking it
 
     def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
         """The one validation path (server, headless runner and the editor's pre-check)."""
         return validate_prompt(prompt, self.registry, partial_targets=partial_targets,
-                               options={"max_loop_iterations": self.args.max_loop_iterations})
+                               options={"max_loop_iterations": self.args.max_loop_iterations},
+                               memo=self.validation_memo)
 
 
 # ---------------------------------------------------------------------- workflows

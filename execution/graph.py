@@ -145,6 +145,11 @@ class Prompt:
             nodes[node_id] = node
         return cls(nodes, data)
 
+    def fork(self, raw: dict[str, Any] | None = None) -> "Prompt":
+        """A copy that a run may add expansion nodes to and drop them from without touching this
+        one (a validated prompt can be run again); the nodes themselves are shared, not copied."""
+        return Prompt(dict(self.nodes), self.raw if raw is None else raw, dict(self.stand_ins))
+
     def __contains__(self, node_id: str) -> bool:
         return node_id in self.nodes
 

@@ -191,7 +191,9 @@ class Executor:
 
     async def run_async(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
                         control: JobControl | None = None) -> JobResult:
-        state = _RunState(self, validated.prompt, prompt_id, extra_data or {}, control or JobControl())
+        # The run adds and drops expansion nodes in its own copy: the validated prompt can run again.
+        state = _RunState(self, validated.prompt.fork(), prompt_id, extra_data or {}, control or JobControl(),
+                          validated.signatures)
         return await state.run(validated.outputs, validated.order)
 
 
@@ -202,7 +204,7 @@ class _RunState:
     """One prompt's scheduler state (see the module docstring for each field)."""
 
     def __init__(self, executor: Executor, prompt: Prompt, prompt_id: str, extra_data: dict,
-                 control: JobControl) -> None:
+                 control: JobControl, structural: dict[str, str] | None = None) -> None:
         self.ex = executor
         self.registry = executor.registry
         self.cache = executor.cache
@@ -212,6 +214,8 @@ class _RunState:
         self.extra_data = extra_data
         self.control = control
         self.signature: dict[str, str] = {}
+        # Signatures that depend on the prompt alone, kept with the validated prompt across its runs.
+        self.structural: dict[str, str] = structural if structural is not None else {}
         self.pending: set[str] = set()
         self.blocked_by: dict[str, set[str]] = {}
         self.waiters: dict[str, set[str]] = defaultdict(set)
@@ -255,14 +259,26 @@ class _RunState:
         return (node.salt, mark)
 
     def compute_signatures(self, node_ids: list[str], *, ordered: bool = False) -> None:
-        """Signatures for `node_ids` (sources first; sorted here unless `ordered` says they are)."""
+        """Signatures for `node_ids` (sources first; sorted here unless `ordered` says they are).
+
+        A prompt node whose signature cannot change between runs of the same validated prompt (no
+        fingerprint, no salt, and the same holds for its sources) is computed once and kept in
+        `structural`, so an unchanged re-run costs a lookup per node."""
+        structural = self.structural
+        nodes = self.prompt.nodes
         for node_id in (node_ids if ordered else self.prompt.topological_order(node_ids)):
-            node = self.prompt.nodes[node_id]
-            spec = self.registry.get(node.class_type)
-            # A salted node's key is unique (a loop iteration that opts out of caching): memoising
-            # it would only grow the memo by one entry per iteration.
-            self.signature[node_id] = node_signature(node, spec, self.signature, fingerprint=self._fingerprint,
-                                                     memo=self.ex.signature_memo if node.salt is None else None)
+            signature = structural.get(node_id)
+            if signature is None:
+                node = nodes[node_id]
+                spec = self.registry.get(node.class_type)
+                # A salted node's key is unique (a loop iteration that opts out of caching): memoising
+                # it would only grow the memo by one entry per iteration.
+                signature = node_signature(node, spec, self.signature, fingerprint=self._fingerprint,
+                                           memo=self.ex.signature_memo if node.salt is None else None)
+                if node.parent is None and node.salt is None and spec.fingerprint is None \
+                        and all(link.node in structural for _, link in node.links()):
+                    structural[node_id] = signature
+            self.signature[node_id] = signature
 
     # ------------------------------------------------------------------ needing nodes
     def _deps_of(self, node: PromptNode, spec) -> set[str]:
@@ -367,6 +383,9 @@ class _RunState:
             if order is None:
                 order = self.prompt.ordered_ancestors(outputs)
             self.compute_signatures(order, ordered=True)
+            # What the prompt holds is what the cache keeps (classic), whether or not it ran now:
+            # an unchanged re-run stops at its cached outputs, yet their sources stay cached.
+            self.used_signatures = set(self.signature.values())
             self.output_roots = set()
             stand_ins = self.prompt.stand_ins
             self.need(list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs)

@@ -7,7 +7,10 @@ ComfyUI's `{error, node_errors}` shape, each message naming the node id, title, 
 """
 from __future__ import annotations
 
+import marshal
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,69 @@ class ValidatedPrompt:
     outputs: list[str]
     node_errors: dict[str, dict] = field(default_factory=dict)
     order: list[str] | None = None  # the outputs' ancestors, sources first
+    # Node id -> structural cache signature, for nodes whose signature depends on the prompt alone
+    # (no fingerprint up to its sources). Filled by the first run, reused by every later run of this
+    # validated prompt, and shared by the copies ValidationMemo hands out.
+    signatures: dict[str, str] = field(default_factory=dict)
+
+
+class ValidationMemo:
+    """Validated prompts by content, so an unchanged prompt submitted again is not checked again.
+
+    A prompt is remembered only when every node in it validates from the prompt alone
+    (`NodeSpec.validation_is_pure`: no custom validator, no choice list read at check time such as a
+    folder's files), so a hit gives exactly what validating again would. Graph checks
+    (`registry.graph_checks`) must be pure functions of prompt, registry and options. The key is
+    the prompt's marshal bytes in format 2, which has no back-references: equal prompts with their
+    keys in the same order give equal bytes, and equal bytes come only from equal prompts (1, 1.0
+    and True differ). Registrations change the registry's generation, so they invalidate the memo.
+    A caller must not mutate a prompt's values in place after validating it.
+    """
+
+    def __init__(self, max_entries: int = 8) -> None:
+        self.max_entries = max_entries
+        self._entries: "OrderedDict[tuple, ValidatedPrompt]" = OrderedDict()
+        self._lock = threading.Lock()  # the server validates on request threads while jobs run
+        self.hits = 0
+
+    @staticmethod
+    def key(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> tuple | None:
+        """The memo key of one validation call, or None when `data` is not plain JSON-like data."""
+        try:
+            blob = marshal.dumps(data, 2)
+        except ValueError:
+            return None
+        try:
+            settings = marshal.dumps(sorted((options or {}).items()), 2)
+        except (ValueError, TypeError):
+            return None
+        return (blob, settings, tuple(str(t) for t in partial_targets or ()), registry,
+                getattr(registry, "generation", None), tuple(getattr(registry, "graph_checks", ())))
+
+    def get(self, key: tuple, data: dict) -> ValidatedPrompt | None:
+        """A copy of the remembered result for `key`, its prompt's raw JSON being `data`."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+        return ValidatedPrompt(found.prompt.fork(raw=data), list(found.outputs), found.node_errors,
+                               found.order, found.signatures)
+
+    def put(self, key: tuple, validated: ValidatedPrompt, registry) -> None:
+        """Remember `validated` if every node in it validates from the prompt alone."""
+        get = registry.get
+        if not all(get(node.class_type).validation_is_pure for node in validated.prompt.nodes.values()):
+            return
+        with self._lock:
+            self._entries[key] = validated
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def check_structure(data: Any) -> None:
@@ -280,14 +346,23 @@ _INVALID = object()
 
 
 def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = None,
-                    options: dict | None = None) -> ValidatedPrompt:
+                    options: dict | None = None, memo: ValidationMemo | None = None) -> ValidatedPrompt:
     """Validate an API prompt; raise PromptError (ComfyUI's shape) when nothing can run.
 
     Rules that span several nodes (such as loop pairing) come from `registry.graph_checks`:
     `fn(prompt, registry, options) -> {node_id: [error, ...]}`, reported through the same path.
+    With a `memo`, an unchanged prompt validated before comes back without being checked again.
     """
+    key = memo.key(data, registry, partial_targets, options) if memo is not None else None
+    if key is not None:
+        found = memo.get(key, data)
+        if found is not None:
+            return found
     with collector_paused():
-        return _validate(data, registry, partial_targets, options)
+        validated = _validate(data, registry, partial_targets, options)
+    if key is not None:
+        memo.put(key, validated, registry)
+    return validated
 
 
 def _validate(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> ValidatedPrompt:

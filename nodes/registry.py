@@ -15,6 +15,7 @@ class NodeRegistry:
         # Checks over the whole prompt (such as loop pairing), run by validation after the per-node
         # checks: fn(prompt, registry, options) -> {node_id: [node_error, ...]}.
         self.graph_checks: list = []
+        self.generation = 0  # grows with every registration, so memos keyed on it notice changes
 
     def register(self, spec: NodeSpec, *, origin: str = "built-in", override: bool = False) -> None:
         if not isinstance(spec, NodeSpec):
@@ -25,6 +26,7 @@ class NodeRegistry:
             )
         self._specs[spec.node_id] = spec
         self._origin[spec.node_id] = origin
+        self.generation += 1
 
     def register_all(self, specs: Iterable[NodeSpec], *, origin: str = "built-in", override: bool = False) -> None:
         """Register a batch atomically: either every node is added or none is."""

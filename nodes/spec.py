@@ -142,6 +142,11 @@ class NodeSpec:
         # Most nodes have no dynamic inputs: their flat inputs are the same for every instance.
         self._static_flat = None if dynamic else dict(self._by_name)
         self._slot_cache: dict[str, dict[str, InputSpec]] = {}
+        # Whether validating an instance reads nothing but the prompt: no custom validator and no
+        # choice list computed at check time (such as a folder's files). Only such prompts are
+        # remembered by validation's memo.
+        self.validation_is_pure = self.validate_inputs is None and not any(
+            _choices_computed(i) for i in self.inputs)
         self._check()
 
     # ------------------------------------------------------------------ registration checks
@@ -426,6 +431,16 @@ class Input:
         opts = _opts(tooltip, lazy=lazy)
         opts["template"] = {"template_id": template_id, "allowed_types": allowed}
         return InputSpec(name, MATCH_TYPE, "optional" if optional else "required", opts)
+
+
+def _choices_computed(spec: InputSpec) -> bool:
+    """Whether `spec` or an input nested in it lists its choices through a function."""
+    if callable(spec.choices):
+        return True
+    nested = [sub for subs in (spec.dynamic_options or {}).values() for sub in subs]
+    if spec.template is not None:
+        nested.append(spec.template)
+    return any(_choices_computed(sub) for sub in nested)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 from execution.cache import make_cache
 from execution.paths import Paths
 from execution.scheduler import Executor
-from execution.validation import validate_prompt
+from execution.validation import ValidationMemo, validate_prompt
 from nodes.plugins import load_plugin
 from nodes.registry import NodeRegistry, builtin_registry
 
@@ -34,14 +34,16 @@ def paths(tmp_path) -> Paths:
 
 
 class Runner:
-    """Validates and runs API prompts on one executor (one cache across runs)."""
+    """Validates and runs API prompts on one executor (one cache and one validation memo across
+    runs, as the server holds them)."""
 
     def __init__(self, registry, paths, cache_kind="classic"):
         self.registry = registry
         self.executor = Executor(registry, cache=make_cache(cache_kind), paths=paths)
+        self.memo = ValidationMemo()
 
     def run(self, prompt, **kwargs):
-        validated = validate_prompt(prompt, self.registry)
+        validated = validate_prompt(prompt, self.registry, memo=self.memo)
         return self.executor.run(validated, prompt_id=str(uuid.uuid4()), **kwargs)
 
 

@@ -226,3 +226,75 @@ def test_profile_records_each_node(runner):
     for node_id in ("0", "1", "2", "out"):
         row = result.profile[node_id]
         assert {"wall_ms", "cpu_ms", "peak_rss_growth_bytes", "cached"} <= row.keys()
+
+
+def wide_prompt(leaves: int) -> dict:
+    """A binary tree of sums over `leaves` constants, one output at the root."""
+    prompt = {f"l{i}": {"class_type": "TestConst", "inputs": {"value": i}} for i in range(leaves)}
+    level, counter = list(prompt), 0
+    while len(level) > 1:
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            prompt[f"s{counter}"] = {"class_type": "TestAdd", "inputs": {"a": [level[j], 0], "b": [level[j + 1], 0]}}
+            nxt.append(f"s{counter}")
+            counter += 1
+        level = nxt + ([level[-1]] if len(level) % 2 else [])
+    prompt["out"] = {"class_type": "TestOutput", "inputs": {"value": [level[0], 0]}}
+    return prompt
+
+
+@pytest.mark.parametrize("cache_kind", ["classic", "lru", "ram"])
+def test_an_unchanged_rerun_keeps_every_node_cached_for_the_next_change(registry, paths, cache_kind):
+    """The unchanged re-run stops at the cached output; the nodes behind it must stay cached, so
+    changing one leaf afterwards runs only that leaf's path to the output."""
+    from tests.conftest import Runner
+
+    runner = Runner(registry, paths, cache_kind)
+    if cache_kind == "lru":
+        runner.executor.cache.max_entries = 1000
+    prompt = wide_prompt(16)
+    assert len(runner.run(prompt).executed) == len(prompt)
+    assert runner.run(prompt).executed == []
+    prompt["l5"]["inputs"]["value"] = 100
+    result = runner.run(prompt)
+    assert sorted(result.executed) == sorted(["l5", "s2", "s9", "s12", "s14", "out"])
+    assert result.outputs["out"]["values"] == [sum(range(16)) - 5 + 100]
+
+
+def test_a_validated_prompt_runs_again_unchanged_by_its_runs(registry, paths):
+    """A run adds expansion nodes to its own copy of the graph: the validated prompt can run again
+    (the validation memo hands out the same one for an unchanged prompt)."""
+    from execution.paths import Paths
+
+    prompt = {
+        "v": {"class_type": "TestConst", "inputs": {"value": 5}},
+        "e": {"class_type": "TestExpandAddChain", "inputs": {"value": ["v", 0], "steps": 3, "increment": 2}},
+        "o": {"class_type": "TestOutput", "inputs": {"value": ["e", 0]}},
+    }
+    validated = validate_prompt(prompt, registry)
+    nodes_before = dict(validated.prompt.nodes)
+    for attempt in range(2):  # a fresh executor each time: nothing cached, the expansion runs again
+        executor = Executor(registry, cache=make_cache("none"), paths=paths)
+        result = executor.run(validated, prompt_id=f"p{attempt}")
+        assert result.status == "success", result.error
+        assert result.outputs["o"]["values"] == [11]
+        assert any(node_id.startswith("e.") for node_id in result.executed)
+        assert validated.prompt.nodes == nodes_before
+
+
+def test_signatures_reused_across_runs_still_follow_fingerprints(runner):
+    """Re-running the same validated prompt reuses structural signatures, but a node with a NaN
+    fingerprint, and everything downstream of it, still runs every time."""
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 3}},
+        "z": {"class_type": "TestAlwaysChanged", "inputs": {"value": 2}},
+        "sum": {"class_type": "TestAdd", "inputs": {"a": ["c", 0], "b": ["z", 0]}},
+        "o": {"class_type": "TestOutput", "inputs": {"value": ["sum", 0]}},
+        "oc": {"class_type": "TestOutput", "inputs": {"value": ["c", 0], "label": "const"}},
+    }
+    runner.run(prompt)
+    for _ in range(2):
+        again = runner.run(prompt)
+        assert sorted(again.executed) == ["o", "sum", "z"]
+        assert again.outputs["o"]["values"] == [5]
+    assert runner.memo.hits == 2

@@ -180,3 +180,85 @@ def test_a_thousand_malformed_prompts_get_structured_errors(registry, runner):
         result = runner.executor.run(validated, prompt_id="m")
         assert result.status in ("success", "error")
     assert refused >= 1000
+
+
+# ---------------------------------------------------------------------- the validation memo
+def memo_prompt(value=1) -> dict:
+    return {"c": {"class_type": "TestConst", "inputs": {"value": value}},
+            "a": {"class_type": "TestAdd", "inputs": {"a": ["c", 0], "b": "7"}},
+            "o": out(["a", 0])}
+
+
+def test_memo_gives_an_unchanged_prompt_back_without_checking_it_again(registry, monkeypatch):
+    from execution import validation
+    from execution.validation import ValidationMemo
+
+    memo = ValidationMemo()
+    first = validate_prompt(memo_prompt(), registry, memo=memo)
+    checked = []
+    monkeypatch.setattr(validation._NodeChecker, "check_node", lambda self, node: checked.append(node.id))
+    data = memo_prompt()
+    again = validate_prompt(data, registry, memo=memo)
+    assert checked == [] and memo.hits == 1
+    assert again.outputs == first.outputs and again.order == first.order
+    assert again.prompt.nodes["a"].inputs["b"] == 7  # the coerced value, as validation left it
+    assert again.prompt.raw is data  # hidden PROMPT inputs see the prompt as submitted now
+    assert again.prompt.nodes is not first.prompt.nodes  # each result has its own graph to expand into
+    assert again.signatures is first.signatures  # signatures computed by one run serve the next
+
+
+@pytest.mark.parametrize("changed", [2, 1.0, "1", True])
+def test_memo_misses_when_anything_changes_even_to_an_equal_number(registry, changed):
+    """1.0, "1" and True compare or coerce equal to 1, yet they are other prompts: validated afresh
+    (True is no INT, so validating it again must fail)."""
+    from execution.validation import ValidationMemo
+
+    memo = ValidationMemo()
+    validate_prompt(memo_prompt(1), registry, memo=memo)
+    if changed is True:
+        assert errors_of(memo_prompt(True), registry)["node_errors"]["c"]["errors"][0]["type"] == "invalid_input_type"
+        with pytest.raises(PromptError):
+            validate_prompt(memo_prompt(True), registry, memo=memo)
+    else:
+        result = validate_prompt(memo_prompt(changed), registry, memo=memo)
+        assert result.prompt.nodes["c"].inputs["value"] == int(changed)
+    assert memo.hits == 0
+
+
+def test_memo_keeps_only_prompts_validated_from_the_prompt_alone(registry, monkeypatch):
+    """A custom validator (or a choice list read from a folder) may answer differently next time:
+    such prompts are validated every time."""
+    from execution.validation import ValidationMemo
+    from tests import nodes_pack
+
+    calls = []
+    original = nodes_pack.TestValidated.VALIDATE_INPUTS.__func__
+    monkeypatch.setattr(nodes_pack.TestValidated, "VALIDATE_INPUTS",
+                        classmethod(lambda cls, value: calls.append(value) or original(cls, value)))
+    memo = ValidationMemo()
+    prompt = {"1": {"class_type": "TestValidated", "inputs": {"value": 4}}, "2": out(["1", 0])}
+    for _ in range(2):
+        validate_prompt(prompt, registry, memo=memo)
+    assert len(memo) == 0 and memo.hits == 0
+    assert not registry.get("TestValidated").validation_is_pure
+    assert not registry.get("LoadImage").validation_is_pure  # its choices are the input folder's files
+    assert registry.get("TestAdd").validation_is_pure
+
+
+def test_memo_forgets_when_the_registry_changes(registry):
+    from execution.validation import ValidationMemo
+    from nodes.registry import NodeRegistry
+    from nodes.spec import Input, NodeSpec, Output
+
+    reg = NodeRegistry()
+    reg.register(NodeSpec("Num", lambda v: (v,), inputs=[Input.int("v", 1, max=10)], outputs=[Output("INT")]))
+    reg.register(NodeSpec("Show", lambda v: None, inputs=[Input.link("v", "*")], output_node=True))
+    prompt = {"1": {"class_type": "Num", "inputs": {"v": 8}}, "2": {"class_type": "Show", "inputs": {"v": ["1", 0]}}}
+    memo = ValidationMemo()
+    validate_prompt(prompt, reg, memo=memo)
+    reg.register(NodeSpec("Num", lambda v: (v,), inputs=[Input.int("v", 1, max=5)], outputs=[Output("INT")]),
+                 override=True)
+    with pytest.raises(PromptError) as caught:
+        validate_prompt(prompt, reg, memo=memo)
+    assert "bigger than its maximum 5" in json.dumps(caught.value.to_json())
+    assert memo.hits == 0
