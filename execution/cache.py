@@ -45,27 +45,8 @@ def _const_repr(value: Any) -> str:
 _PLAIN = (int, float, str, bool, type(None))
 
 
-class SignatureMemo:
-    """Structural keys -> digests, kept across prompts, so an unchanged node's signature costs a
-    tuple hash instead of a digest. Bounded: cleared when it outgrows `max_entries`."""
-
-    def __init__(self, max_entries: int = 1 << 20) -> None:
-        self.max_entries = max_entries
-        self._digests: dict[tuple, str] = {}
-
-    def digest(self, key: tuple) -> str:
-        found = self._digests.get(key)
-        if found is None:
-            found = blake2b(repr(key).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-            if len(self._digests) >= self.max_entries:
-                self._digests.clear()
-            self._digests[key] = found
-        return found
-
-
 def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
-                   fingerprint: Callable[[PromptNode, Any], Any] | None = None,
-                   memo: SignatureMemo | None = None) -> str:
+                   fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
     """The structural signature of `node` given its upstream nodes' signatures.
 
     A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0
@@ -92,10 +73,7 @@ def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
             append((name, kind.__name__, value))
         else:
             append((name, "repr", _const_repr(value)))
-    key_tuple = tuple(key)
-    if memo is not None:
-        return memo.digest(key_tuple)
-    return blake2b(repr(key_tuple).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return blake2b(repr(tuple(key)).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def estimate_bytes(value: Any, _depth: int = 0) -> int:
@@ -158,6 +136,16 @@ class ClassicCache(OutputCache):
     """Keeps exactly what the latest prompt used (ComfyUI's default behaviour)."""
 
     name = "classic"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._entries = {}  # type: ignore[assignment]  # no recency order to keep: a plain dict is leaner
+
+    def get(self, signature: str) -> CachedResult | None:
+        return self._entries.get(signature)
+
+    def put(self, signature: str, result: CachedResult) -> None:
+        self._entries[signature] = result
 
     def end_prompt(self, used: set[str]) -> None:
         for key in [k for k in self._entries if k not in used]:

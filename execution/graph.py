@@ -116,6 +116,7 @@ class Prompt:
     # Node -> the node that runs in its place when an output needs it (a loop body node -> its End
     # Loop, which copies the body per iteration); filled by validation's graph checks.
     stand_ins: dict[str, str] = field(default_factory=dict)
+    _nodes_shared: bool = field(default=False, repr=False, compare=False)  # see fork()
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> "Prompt":
@@ -147,8 +148,11 @@ class Prompt:
 
     def fork(self, raw: dict[str, Any] | None = None) -> "Prompt":
         """A copy that a run may add expansion nodes to and drop them from without touching this
-        one (a validated prompt can be run again); the nodes themselves are shared, not copied."""
-        return Prompt(dict(self.nodes), self.raw if raw is None else raw, dict(self.stand_ins))
+        one (a validated prompt can be run again). The node table is copied on the first `add`
+        (most prompts never expand); the nodes themselves are shared."""
+        fork = Prompt(self.nodes, self.raw if raw is None else raw, self.stand_ins)
+        fork._nodes_shared = True
+        return fork
 
     def __contains__(self, node_id: str) -> bool:
         return node_id in self.nodes
@@ -157,8 +161,12 @@ class Prompt:
         return self.nodes[node_id]
 
     def add(self, node: PromptNode) -> None:
+        """Add an expansion's node (only added nodes are ever removed again)."""
         if node.id in self.nodes:
             raise ValueError(f"node id {node.id!r} already exists in the prompt")
+        if self._nodes_shared:
+            self.nodes = dict(self.nodes)
+            self._nodes_shared = False
         self.nodes[node.id] = node
 
     def ordered_ancestors(self, roots: list[str]) -> list[str]:

@@ -4,17 +4,20 @@ State of one run (`_RunState`), all of it in one place:
 
     prompt       the graph; expansions add ephemeral nodes to it while the run goes on
     signature    node id -> structural cache key (computed once, sources first)
-    pending      nodes an output needs that have not finished
-    blocked_by   pending node -> the nodes it waits on (non-lazy inputs, requested lazy inputs,
-                 and, for a node that expanded, the nodes its result links point at)
-    waiters      node -> pending nodes blocked on it (the reverse of blocked_by)
+    deps         pending node -> the nodes whose values it reads (non-lazy inputs, requested lazy
+                 inputs, and, for a node that expanded, the nodes its result links point at); its
+                 keys are the pending nodes: those an output needs that have not finished
+    blocked_by   pending node -> how many of its deps have not finished (absent at zero)
+    waiters      node -> the pending nodes among whose deps it is, not finished yet
     ready        pending nodes with nothing to wait for, run last-in first-out (depth first,
                  so intermediates are consumed and freed early)
     running      async node calls in flight
-    finished     nodes whose outputs are in `values`
-    values       node id -> per-output lists of items (ComfyUI's list semantics)
+    values       node id -> per-output lists of items (ComfyUI's list semantics): the finished
+                 nodes whose outputs are still held
     uses         node id -> how many pending consumers still need its values; at zero the values
                  are released (the cache may still hold them)
+Per-node entries are small lists and counts rather than sets: a 50k-node prompt holds one of each
+per node, and their size is what the memory traffic of a large run is made of.
     expansions   expanded node -> its result template, resolved once its sub-graph finished
 
 Only what the outputs need and the cache lacks runs; an output that has a stand-in
@@ -39,12 +42,13 @@ import sys
 import threading
 import time
 import traceback
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from execution import context as run_context
-from execution.cache import CachedResult, NoCache, OutputCache, SignatureMemo, node_signature
+from execution.cache import CachedResult, NoCache, OutputCache, node_signature
 from execution.events import EventBus, timestamp_ms
 from execution.graph import Link, Prompt, PromptNode, collector_paused, is_link_value, parse_input_value
 from execution.paths import Paths
@@ -62,6 +66,55 @@ class JobControl:
         self.interrupted = True
 
 
+class ProfileRows:
+    """The per-node profile of one job, stored column by column: a 50k-node job records 50k rows,
+    and a row of Python objects per node was a good part of such a job's memory traffic.
+
+    Ephemeral nodes (loop iterations) add up under one row keyed `display_id:class_type`."""
+
+    NUMBERS = ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.class_types: list[str] = []
+        self.display_nodes: list[str] = []
+        self.cached = bytearray()
+        self.numbers = array("d")  # NUMBERS per row, row after row
+        self._summed: dict[str, int] = {}  # key of an added-up row -> its row index
+
+    def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> None:
+        """Record one node's row (numbers in NUMBERS order)."""
+        self.keys.append(key)
+        self.class_types.append(class_type)
+        self.display_nodes.append(display_node)
+        self.cached.append(cached)
+        self.numbers.extend(numbers)
+
+    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> None:
+        """Add a run of an ephemeral node to its row under `key`."""
+        index = self._summed.get(key)
+        if index is None:
+            self._summed[key] = len(self.keys)
+            self.add(key, class_type, display_node, False, *numbers)
+            return
+        base = index * len(self.NUMBERS)
+        for offset, value in enumerate(numbers):
+            self.numbers[base + offset] += value
+
+    def as_dicts(self) -> dict[str, dict]:
+        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs}."""
+        width = len(self.NUMBERS)
+        rows = {}
+        for index, key in enumerate(self.keys):
+            row = {"class_type": self.class_types[index], "display_node": self.display_nodes[index],
+                   "cached": bool(self.cached[index])}
+            for offset, name in enumerate(self.NUMBERS):
+                value = self.numbers[index * width + offset]
+                row[name] = value if name.endswith("_ms") else int(value)
+            rows[key] = row
+        return rows
+
+
 @dataclass
 class JobResult:
     """How a job ended, what its output nodes showed, and its per-node profile."""
@@ -72,9 +125,14 @@ class JobResult:
     error: dict | None = None
     executed: list[str] = field(default_factory=list)
     cached: list[str] = field(default_factory=list)
-    profile: dict[str, dict] = field(default_factory=dict)
+    profile_rows: ProfileRows = field(default_factory=ProfileRows)
     messages: list[tuple[str, dict]] = field(default_factory=list)
     meta: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def profile(self) -> dict[str, dict]:
+        """Per node: class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs."""
+        return self.profile_rows.as_dicts()
 
     def __repr__(self) -> str:  # asyncio reprs task results; a 50k-node profile must not be printed
         return f"JobResult({self.prompt_id!r}, {self.status!r}, executed={len(self.executed)}, cached={len(self.cached)})"
@@ -180,7 +238,6 @@ class Executor:
         self.paths = paths or Paths(".")
         self.runtime = runtime if runtime is not None else {}
         self._lock = threading.Lock()  # one prompt at a time: nodes share models and memory
-        self.signature_memo = SignatureMemo()
 
     def run(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
             control: JobControl | None = None) -> JobResult:
@@ -199,6 +256,12 @@ class Executor:
 
 _sequence = itertools.count()
 
+# The collector is paused over a run (graph.collector_paused). So that cyclic garbage cannot pile up
+# in a long run (loop iterations), young objects are collected once this many have accumulated.
+# Few large collections, not one per so many nodes: each young collection also ages the survivors,
+# and ten of them make the next automatic collection traverse everything the run still holds.
+YOUNG_OBJECTS_BEFORE_COLLECT = 1_000_000
+
 
 class _RunState:
     """One prompt's scheduler state (see the module docstring for each field)."""
@@ -216,15 +279,13 @@ class _RunState:
         self.signature: dict[str, str] = {}
         # Signatures that depend on the prompt alone, kept with the validated prompt across its runs.
         self.structural: dict[str, str] = structural if structural is not None else {}
-        self.pending: set[str] = set()
-        self.blocked_by: dict[str, set[str]] = {}
-        self.waiters: dict[str, set[str]] = defaultdict(set)
+        self.blocked_by: dict[str, int] = {}
+        self.waiters: dict[str, list[str]] = {}
         self.ready: list[str] = []
         self.running: dict[asyncio.Task, str] = {}
-        self.finished: set[str] = set()
         self.values: dict[str, list[list[Any]]] = {}
         self.uses: dict[str, int] = defaultdict(int)
-        self.deps: dict[str, set[str]] = {}
+        self.deps: dict[str, list[str]] = {}
         self.lazy_requested: dict[str, set[str]] = {}
         self.expansions: dict[str, list[Any]] = {}
         self.output_roots: set[str] = set()
@@ -271,24 +332,22 @@ class _RunState:
             if signature is None:
                 node = nodes[node_id]
                 spec = self.registry.get(node.class_type)
-                # A salted node's key is unique (a loop iteration that opts out of caching): memoising
-                # it would only grow the memo by one entry per iteration.
-                signature = node_signature(node, spec, self.signature, fingerprint=self._fingerprint,
-                                           memo=self.ex.signature_memo if node.salt is None else None)
+                signature = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
                 if node.parent is None and node.salt is None and spec.fingerprint is None \
                         and all(link.node in structural for _, link in node.links()):
                     structural[node_id] = signature
             self.signature[node_id] = signature
 
     # ------------------------------------------------------------------ needing nodes
-    def _deps_of(self, node: PromptNode, spec) -> set[str]:
+    def _deps_of(self, node: PromptNode, spec) -> list[str]:
+        """The nodes `node` reads now (its lazy inputs only once requested); may repeat a node."""
         requested = self.lazy_requested.get(node.id, ())
-        deps = set()
+        deps = []
         for name, link in node.links():
             inp = spec.input(name) if "." not in name else None
             lazy = inp.lazy if inp is not None else _dotted_lazy(spec, node, name)
             if not lazy or name in requested:
-                deps.add(link.node)
+                deps.append(link.node)
         return deps
 
     def need(self, roots) -> None:
@@ -296,14 +355,16 @@ class _RunState:
         stack = list(roots)
         while stack:
             node_id = stack.pop()
-            if node_id in self.finished or node_id in self.pending:
+            if node_id in self.values or node_id in self.deps:
                 continue
             node = self.prompt.nodes[node_id]
             spec = self.registry.get(node.class_type)
             if node_id not in self.signature:  # an expansion linked to a node outside the outputs' ancestry
                 self.compute_signatures([n for n in self.prompt.ancestors([node_id]) if n not in self.signature])
             signature = self.signature[node_id]
-            if node.salt is None:  # a salted node is never stored, so the cache need not keep its key
+            if node.salt is None and node.parent is not None:
+                # An expansion's node (a salted one is never stored, so the cache need not keep its
+                # key); the prompt's own nodes are all kept at the end of the run.
                 self.used_signatures.add(signature)
             hit = self.cache.get(signature)
             if hit is not None:
@@ -311,27 +372,36 @@ class _RunState:
                 self.result.cached.append(node_id)
                 self.cached_now.append(node_id)
                 if node.parent is None:
-                    self.result.profile[node_id] = {
-                        "class_type": node.class_type, "display_node": node.display_id, "cached": True,
-                        "wall_ms": 0.0, "cpu_ms": 0.0, "peak_rss_growth_bytes": 0, "calls": 0, "runs": 0}
+                    self.result.profile_rows.add(node_id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
                 if hit.ui:
                     self._record_ui(node, hit.ui)
                 self._finish(node_id)
                 continue
-            self.pending.add(node_id)
             deps = self._deps_of(node, spec)
             self._wait_for(node_id, deps, stack)
 
-    def _wait_for(self, node_id: str, deps: set[str], stack: list[str]) -> None:
-        known = self.deps.setdefault(node_id, set())
-        blocked = self.blocked_by.get(node_id, set())
+    def _wait_for(self, node_id: str, deps: Iterable[str], stack: list[str]) -> None:
+        """`node_id` reads `deps`: count the new ones as uses, wait for those not finished.
+
+        Only a dep new to the node can be unfinished: every call names inputs the node did not
+        read before (its first staging, requested lazy inputs, an expansion's result links)."""
+        known = self.deps.get(node_id)
+        if known is None:
+            known = self.deps[node_id] = []
+        blocked = self.blocked_by.get(node_id, 0)
+        uses, values, waiters = self.uses, self.values, self.waiters
         for dep in deps:
-            if dep not in known:
-                known.add(dep)
-                self.uses[dep] += 1
-            if dep not in self.finished:
-                blocked.add(dep)
-                self.waiters[dep].add(node_id)
+            if dep in known:
+                continue
+            known.append(dep)
+            uses[dep] += 1
+            if dep not in values:
+                blocked += 1
+                waiting = waiters.get(dep)
+                if waiting is None:
+                    waiters[dep] = [node_id]
+                else:
+                    waiting.append(node_id)
                 stack.append(dep)
         if blocked:
             self.blocked_by[node_id] = blocked
@@ -340,33 +410,33 @@ class _RunState:
             self.ready.append(node_id)
 
     def _finish(self, node_id: str) -> None:
-        self.pending.discard(node_id)
-        self.finished.add(node_id)
+        blocked_by = self.blocked_by
         for waiter in self.waiters.pop(node_id, ()):
-            blocked = self.blocked_by.get(waiter)
+            blocked = blocked_by.get(waiter)
             if blocked is None:
                 continue
-            blocked.discard(node_id)
-            if not blocked:
-                del self.blocked_by[waiter]
+            if blocked > 1:
+                blocked_by[waiter] = blocked - 1
+            else:
+                del blocked_by[waiter]
                 self.ready.append(waiter)
         if self.uses.get(node_id, 0) == 0 and node_id not in self.output_roots:
             self._release(node_id)
 
     def _consumed(self, node_id: str) -> None:
         """`node_id` finished: it no longer needs its inputs' values."""
+        uses = self.uses
         for dep in self.deps.pop(node_id, ()):
-            self.uses[dep] -= 1
-            if self.uses[dep] <= 0 and dep in self.finished:
+            left = uses[dep] - 1
+            uses[dep] = left
+            if left <= 0 and dep in self.values:
                 self._release(dep)
 
     def _release(self, node_id: str) -> None:
         self.uses.pop(node_id, None)
-        if node_id in self.values:
-            del self.values[node_id]
-            self.finished.discard(node_id)
+        self.values.pop(node_id, None)
         node = self.prompt.nodes.get(node_id)
-        if node is not None and node.parent is not None and node_id not in self.pending \
+        if node is not None and node.parent is not None and node_id not in self.deps \
                 and node_id not in self.expansions:
             # An ephemeral node nobody waits on is forgotten, so a long loop holds one iteration at a time.
             del self.prompt.nodes[node_id]
@@ -383,9 +453,6 @@ class _RunState:
             if order is None:
                 order = self.prompt.ordered_ancestors(outputs)
             self.compute_signatures(order, ordered=True)
-            # What the prompt holds is what the cache keeps (classic), whether or not it ran now:
-            # an unchanged re-run stops at its cached outputs, yet their sources stay cached.
-            self.used_signatures = set(self.signature.values())
             self.output_roots = set()
             stand_ins = self.prompt.stand_ins
             self.need(list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs)
@@ -413,6 +480,9 @@ class _RunState:
             paused.__exit__(None, None, None)
             for task in list(self.running):
                 task.cancel()
+            # What the prompt holds is what the cache keeps (classic), whether or not it ran now:
+            # an unchanged re-run stops at its cached outputs, yet their sources stay cached.
+            self.used_signatures.update(self.signature.values())
             self.cache.end_prompt(self.used_signatures)
         if self.result.status == "success":
             self.emit("execution_success", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
@@ -445,8 +515,8 @@ class _RunState:
             for task in done:
                 node_id = self.running.pop(task)
                 task.result()  # re-raises NodeExecutionError / interruption
-        if self.pending:
-            stuck = sorted(self.pending)[:10]
+        if self.deps:
+            stuck = sorted(self.deps)[:10]
             raise NodeExecutionError({
                 "prompt_id": self.prompt_id, "node_id": stuck[0], "node_type": self.prompt.nodes[stuck[0]].class_type,
                 "executed": list(self.result.executed), "exception_message":
@@ -470,6 +540,8 @@ class _RunState:
                 if produced is None:
                     unevaluated.append(name)
                     gathered[name] = [None]
+                elif spec.input_is_list:
+                    gathered[name] = list(produced[value.output])
                 else:
                     gathered[name] = produced[value.output]
             else:
@@ -542,7 +614,8 @@ class _RunState:
     def _error_payload(self, node: PromptNode, exc: BaseException, gathered: Any) -> dict:
         inputs = {}
         if isinstance(gathered, dict):
-            inputs = {k: _summarise(v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in gathered.items()}
+            inputs = {k: _summarise(v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v)
+                      for k, v in gathered.items()}
         return {
             "prompt_id": self.prompt_id, "node_id": node.display_id, "node_type": node.class_type,
             "executed": list(self.result.executed), "exception_message": f"{exc}",
@@ -631,25 +704,19 @@ class _RunState:
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        row = {
-            "class_type": node.class_type, "display_node": node.display_id, "cached": False,
-            "wall_ms": wall * 1000, "cpu_ms": (time.thread_time() - cpu0) * 1000,
-            "peak_rss_growth_bytes": max(0, peak_rss - self.peak_rss) * 1024, "calls": calls, "runs": 1,
-        }
+        cpu = time.thread_time() - cpu0
+        growth = max(0, peak_rss - self.peak_rss) * 1024
         self.peak_rss = peak_rss
         if node.parent is None:
-            self.result.profile[node.id] = row
+            self.result.profile_rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000,
+                                         growth, calls, 1)
         else:  # ephemeral nodes (loop iterations) add up under the editor node they stand for
-            key = f"{node.display_id}:{node.class_type}"
-            total = self.result.profile.get(key)
-            if total is None:
-                self.result.profile[key] = row
-            else:
-                for field_name in ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs"):
-                    total[field_name] += row[field_name]
-        self.result.executed.append(node.id)
-        if len(self.result.executed) % 4096 == 0:
-            gc.collect(0)  # the collector is paused for the run: clear short-lived cycles now and then
+            self.result.profile_rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
+                                            wall * 1000, cpu * 1000, growth, calls, 1)
+        executed = self.result.executed
+        executed.append(node.id)
+        if len(executed) % 1024 == 0 and gc.get_count()[0] > YOUNG_OBJECTS_BEFORE_COLLECT:
+            gc.collect(0)
         if ui:
             self._record_ui(node, ui)
         if expand:
@@ -658,6 +725,9 @@ class _RunState:
         self._complete(node, outputs, ui)
 
     def _complete(self, node: PromptNode, outputs: list[list[Any]], ui: dict | None) -> None:
+        # Held (and cached) as tuples: a one-item tuple is half the memory of a one-item list, and
+        # a large prompt holds one per node output. Input-is-list nodes still receive lists.
+        outputs = tuple(map(tuple, outputs))
         self.values[node.id] = outputs
         if node.salt is None:  # a salted node (an iteration that opted out of caching) is never reused
             self.cache.put(self.signature[node.id], CachedResult(outputs, ui))
@@ -733,7 +803,7 @@ class _RunState:
             child_spec = self.registry.get(self.prompt.nodes[child].class_type)
             if child_spec.output_node and child not in consumed:
                 targets.add(child)
-        if node.salt is not None and node.parent in self.expansions and self.waiters.get(node.id) == {node.parent}:
+        if node.salt is not None and node.parent in self.expansions and self.waiters.get(node.id) == [node.parent]:
             self._hand_over(node, template, targets, new_ids)
             return
         self.expansions[node.id] = template
@@ -753,16 +823,20 @@ class _RunState:
             self.prompt.nodes[child].parent = parent_id
         self.waiters.pop(node.id, None)
         self.uses.pop(node.id, None)
-        self.deps.get(parent_id, set()).discard(node.id)
-        blocked = self.blocked_by.get(parent_id)
+        parent_deps = self.deps.get(parent_id)
+        if parent_deps is not None and node.id in parent_deps:
+            parent_deps.remove(node.id)
+        blocked = self.blocked_by.get(parent_id)  # the parent waited on `node`, which has not finished
         if blocked is not None:
-            blocked.discard(node.id)
+            if blocked > 1:
+                self.blocked_by[parent_id] = blocked - 1
+            else:
+                del self.blocked_by[parent_id]
         stack: list[str] = []
         self._wait_for(parent_id, targets, stack)
         self.need(stack)
         # Only now release what `node` read, so values its expansion also reads stay alive.
         self._consumed(node.id)
-        self.pending.discard(node.id)
         self.lazy_requested.pop(node.id, None)
         del self.prompt.nodes[node.id]
         self.signature.pop(node.id, None)

@@ -203,7 +203,10 @@ def test_memo_gives_an_unchanged_prompt_back_without_checking_it_again(registry,
     assert again.outputs == first.outputs and again.order == first.order
     assert again.prompt.nodes["a"].inputs["b"] == 7  # the coerced value, as validation left it
     assert again.prompt.raw is data  # hidden PROMPT inputs see the prompt as submitted now
-    assert again.prompt.nodes is not first.prompt.nodes  # each result has its own graph to expand into
+    from execution.graph import PromptNode
+
+    again.prompt.add(PromptNode("a.child", "TestConst", {"value": 1}, parent="a"))  # as an expansion does
+    assert "a.child" in again.prompt.nodes and "a.child" not in first.prompt.nodes  # each has its own graph
     assert again.signatures is first.signatures  # signatures computed by one run serve the next
 
 
