@@ -358,7 +358,7 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
         found = memo.get(key, data)
         if found is not None:
             return found
-    with collector_paused():
+    with collector_paused(keep_as_old=True):
         validated = _validate(data, registry, partial_targets, options)
     if key is not None:
         memo.put(key, validated, registry)

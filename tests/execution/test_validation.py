@@ -265,3 +265,22 @@ def test_memo_forgets_when_the_registry_changes(registry):
         validate_prompt(prompt, reg, memo=memo)
     assert "bigger than its maximum 5" in json.dumps(caught.value.to_json())
     assert memo.hits == 0
+
+
+def test_a_validated_graph_is_kept_as_old_objects(registry):
+    """Validation's graph is long-lived: it goes to the oldest generation instead of being scanned
+    by the next young collection; an application's own frozen objects stay frozen."""
+    import gc
+
+    validated = validate_prompt(memo_prompt(), registry)
+    node = validated.prompt.nodes["a"]
+    assert not any(obj is node for obj in gc.get_objects(generation=0))
+    assert any(obj is node for obj in gc.get_objects(generation=2))
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        validate_prompt(memo_prompt(5), registry)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
