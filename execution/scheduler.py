@@ -283,7 +283,7 @@ class _RunState:
         self.waiters: dict[str, list[str]] = {}
         self.ready: list[str] = []
         self.running: dict[asyncio.Task, str] = {}
-        self.values: dict[str, list[list[Any]]] = {}
+        self.values: dict[str, tuple[tuple[Any, ...], ...]] = {}
         self.uses: dict[str, int] = defaultdict(int)
         self.deps: dict[str, list[str]] = {}
         self.lazy_requested: dict[str, set[str]] = {}

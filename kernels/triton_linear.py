@@ -284,14 +284,14 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = torch.empty((rows, out_features), dtype=out_dtype, device=x.device)
 
     # Absent optional inputs still need a pointer argument; the constexpr flag keeps it unread.
-    placeholder = out
+    absent_operand = out
     if residual is not None:
         res3 = _epilogue_operand(residual, out_shape)
         res_strides = res3.stride()
     else:
-        res3, res_strides = placeholder, (0, 0, 0)
+        res3, res_strides = absent_operand, (0, 0, 0)
     scale_value = 1.0
-    scale3, scale_strides = placeholder, (0, 0, 0)
+    scale3, scale_strides = absent_operand, (0, 0, 0)
     if isinstance(residual_scale, torch.Tensor):
         scale3 = _epilogue_operand(residual_scale, out_shape)
         scale_strides = scale3.stride()
@@ -307,8 +307,8 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if interpret:
         meta.update(INTERPRET_BLOCKS)
     # The kernel indexes bias and norm weight with unit stride (both are parameters, contiguous already).
-    bias = bias.contiguous() if bias is not None else placeholder
-    norm_weight = prologue_weight.contiguous() if meta["HAS_NORM_WEIGHT"] else placeholder
+    bias = bias.contiguous() if bias is not None else absent_operand
+    norm_weight = prologue_weight.contiguous() if meta["HAS_NORM_WEIGHT"] else absent_operand
 
     def grid(config: dict) -> tuple[int]:
         return (_cdiv(rows, config["BLOCK_M"]) * _cdiv(out_features, config["BLOCK_N"]),)
