@@ -55,10 +55,12 @@ class PromptNode:
         if not self.display_id:
             self.display_id = self.id
 
-    def links(self) -> list[tuple[str, Link]]:
-        """(input name, Link) pairs; computed once (call `inputs_changed` after replacing links)."""
+    def links(self) -> list[Link]:
+        """The Links among its inputs, in input order; computed once (call `inputs_changed` after
+        replacing links). A large prompt holds one such list per node, so it holds no names:
+        iterate `inputs` where the input's name matters."""
         if self._links is None:
-            self._links = [(name, value) for name, value in self.inputs.items() if type(value) is Link]
+            self._links = [value for value in self.inputs.values() if type(value) is Link]
         return self._links
 
     def inputs_changed(self) -> None:
@@ -127,7 +129,7 @@ class Prompt:
             meta = body.get("_meta")
             title = meta.get("title") if type(meta) is dict else None
             inputs: dict[str, Any] = {}
-            links: list[tuple[str, Link]] = []
+            links: list[Link] = []
             for name, value in (body.get("inputs") or {}).items():
                 kind = type(value)
                 if kind is list:
@@ -135,7 +137,7 @@ class Prompt:
                         source, index = value
                         if type(index) is int and type(source) in (str, int):
                             value = Link(str(source), index)
-                            links.append((name, value))
+                            links.append(value)
                         else:
                             value = MalformedLink(value)
                 elif kind is dict and len(value) == 1 and "__value__" in value:
@@ -183,7 +185,7 @@ class Prompt:
             state[root] = 1
             while stack:
                 node_id, pending = stack[-1]
-                for _, link in pending:
+                for link in pending:
                     source = link.node
                     mark = state.get(source)
                     if mark is None:
@@ -216,7 +218,7 @@ class Prompt:
                 continue
             seen.add(node_id)
             order.append(node_id)
-            for _, link in self.nodes[node_id].links():
+            for link in self.nodes[node_id].links():
                 if link.node not in seen:
                     stack.append(link.node)
         return order
@@ -228,7 +230,7 @@ class Prompt:
         indegree = dict.fromkeys(ids, 0)
         consumers: dict[str, list[str]] = {i: [] for i in ids}
         for node_id in ids:
-            for _, link in self.nodes[node_id].links():
+            for link in self.nodes[node_id].links():
                 if link.node in members:
                     indegree[node_id] += 1
                     consumers[link.node].append(node_id)
@@ -257,7 +259,7 @@ class Prompt:
         while current not in visited:
             visited[current] = len(path)
             path.append(current)
-            nxt = next((l.node for _, l in self.nodes[current].links() if l.node in candidates), None)
+            nxt = next((link.node for link in self.nodes[current].links() if link.node in candidates), None)
             if nxt is None:  # pragma: no cover - every leftover node has an upstream leftover
                 break
             current = nxt

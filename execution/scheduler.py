@@ -334,7 +334,7 @@ class _RunState:
                 spec = self.registry.get(node.class_type)
                 signature = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
                 if node.parent is None and node.salt is None and spec.fingerprint is None \
-                        and all(link.node in structural for _, link in node.links()):
+                        and all(link.node in structural for link in node.links()):
                     structural[node_id] = signature
             self.signature[node_id] = signature
 
@@ -343,7 +343,9 @@ class _RunState:
         """The nodes `node` reads now (its lazy inputs only once requested); may repeat a node."""
         requested = self.lazy_requested.get(node.id, ())
         deps = []
-        for name, link in node.links():
+        for name, link in node.inputs.items():
+            if type(link) is not Link:
+                continue
             inp = spec.input(name) if "." not in name else None
             lazy = inp.lazy if inp is not None else _dotted_lazy(spec, node, name)
             if not lazy or name in requested:
@@ -798,7 +800,7 @@ class _RunState:
             template.append(resolved)
         # Output nodes of the expansion run: those no other child consumes become targets; a consumed
         # one runs when its consumer does (so a loop step, not the whole loop, holds an iteration's).
-        consumed = {link.node for child in new_ids for _, link in self.prompt.nodes[child].links()}
+        consumed = {link.node for child in new_ids for link in self.prompt.nodes[child].links()}
         for child in new_ids:
             child_spec = self.registry.get(self.prompt.nodes[child].class_type)
             if child_spec.output_node and child not in consumed:

@@ -166,7 +166,7 @@ class _NodeChecker:
             node = nodes[node_id]
             ok = self.check_node(node)
             if ok:
-                for _, link in node.links():
+                for link in node.links():
                     if not usable.get(link.node, True):
                         ok = False
                         break

@@ -539,7 +539,7 @@ def check_loops(prompt: Prompt, registry, options: Mapping[str, Any]) -> dict[st
             errors.add("invalid_input_type", f"Node {node.label}: input 'accumulate' expects BOOLEAN",
                        f"accumulate: received {accumulate!r}", [end], input_name="accumulate", received=accumulate)
     outputs = {i for i, n in nodes.items() if getattr(registry.get(n.class_type), "output_node", False)}
-    parents = {i: {link.node for _, link in n.links() if link.node in nodes} for i, n in nodes.items()}
+    parents = {i: {link.node for link in n.links() if link.node in nodes} for i, n in nodes.items()}
     children: dict[str, set] = {i: set() for i in nodes}
     for node_id, sources in parents.items():
         for source in sources:
@@ -668,7 +668,7 @@ def _prepare(prompt: Prompt, start: str, end: str, body: set, outputs: set, bodi
         if node_id in needed or node_id not in body or node_id in owned:
             continue
         needed.add(node_id)
-        pending.extend(link.node for _, link in nodes[node_id].links())
+        pending.extend(link.node for link in nodes[node_id].links())
     body_nodes = [BodyNode(i, nodes[i].class_type, nodes[i].inputs, nodes[i].display_id, nodes[i].title)
                   for i in sorted(needed)]
     template = LoopTemplate(
