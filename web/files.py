@@ -443,6 +443,21 @@ def _user_path(state: ServerState, name: str) -> Path:
     return path
 
 
+def _write_options(request: web.Request) -> tuple[bool, bool]:
+    """`overwrite` (default true) and `full_info` (default false) of a user data write or move."""
+    overwrite = request.query.get("overwrite", "true").lower() != "false"
+    full_info = request.query.get("full_info", "").lower() in ("true", "1")
+    return overwrite, full_info
+
+
+def _written(state: ServerState, path: Path, full_info: bool) -> web.Response:
+    """The reply to a user data write or move: the file's path in the user folder, or its info."""
+    root = state.user_root.resolve()
+    if full_info:
+        return web.json_response(_file_info(path, root))
+    return web.json_response(path.relative_to(root).as_posix())
+
+
 def _file_info(path: Path, root: Path) -> dict:
     stat = path.stat()
     return {"path": path.relative_to(root).as_posix(), "size": stat.st_size, "modified": int(stat.st_mtime * 1000)}
@@ -534,8 +549,7 @@ async def post_userdata(request: web.Request) -> web.Response:
     """Write a user data file atomically (`overwrite=false` refuses to replace)."""
     state = state_of(request)
     name = request.match_info["file"]
-    overwrite = request.query.get("overwrite", "true").lower() != "false"
-    full_info = request.query.get("full_info", "").lower() in ("true", "1")
+    overwrite, full_info = _write_options(request)
     try:
         path = _user_path(state, name)
     except UnsafePathError as exc:
@@ -551,9 +565,7 @@ async def post_userdata(request: web.Request) -> web.Response:
         await asyncio.get_running_loop().run_in_executor(None, atomic_write_bytes, path, body)
     except (UnsafePathError, OSError) as exc:
         return _bad(str(exc)[:300])
-    if full_info:
-        return web.json_response(_file_info(path, state.user_root.resolve()))
-    return web.json_response(path.relative_to(state.user_root.resolve()).as_posix())
+    return _written(state, path, full_info)
 
 
 @refuses_os_errors
@@ -576,8 +588,7 @@ async def move_userdata(request: web.Request) -> web.Response:
     """Rename a user data file (`overwrite=false` refuses to replace)."""
     state = state_of(request)
     source_name, dest_name = request.match_info["file"], request.match_info["dest"]
-    overwrite = request.query.get("overwrite", "true").lower() != "false"
-    full_info = request.query.get("full_info", "").lower() in ("true", "1")
+    overwrite, full_info = _write_options(request)
     try:
         source, dest = _user_path(state, source_name), _user_path(state, dest_name)
     except UnsafePathError as exc:
@@ -592,9 +603,7 @@ async def move_userdata(request: web.Request) -> web.Response:
         os.replace(source, dest)
     except (UnsafePathError, OSError) as exc:
         return _bad(str(exc)[:300])
-    if full_info:
-        return web.json_response(_file_info(dest, state.user_root.resolve()))
-    return web.json_response(dest.relative_to(state.user_root.resolve()).as_posix())
+    return _written(state, dest, full_info)
 
 
 # ---------------------------------------------------------------------- templates
