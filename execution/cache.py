@@ -45,9 +45,9 @@ def _const_repr(value: Any) -> str:
 _PLAIN = (int, float, str, bool, type(None))
 
 
-def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
+def node_signature(node: PromptNode, spec: Any, upstream: Callable[[str], str | None], *,
                    fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
-    """The structural signature of `node` given its upstream nodes' signatures.
+    """The structural signature of `node`; `upstream(node_id)` gives a source's signature.
 
     A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0
     and True differ) and its inputs' upstream signatures and output indices. `fingerprint` is only
@@ -68,7 +68,7 @@ def node_signature(node: PromptNode, spec: Any, upstream: dict[str, Any], *,
         value = inputs[name]
         kind = type(value)
         if kind is Link:
-            append((name, upstream.get(value.node) or "?" + value.node, value.output))
+            append((name, upstream(value.node) or "?" + value.node, value.output))
         elif kind in _PLAIN:
             append((name, kind.__name__, value))
         else:

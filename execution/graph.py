@@ -176,25 +176,28 @@ class Prompt:
 
         One iterative depth-first pass (no recursion, so 50k-node chains are fine)."""
         nodes = self.nodes
-        state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+        # Node id -> its frame [id, its links still to visit]; the second item is None once done.
+        # The frame is the mark, so a node costs one table insert and no second lookup to finish.
+        frames: dict[str, list] = {}
         order: list[str] = []
         for root in roots:
-            if root in state or root not in nodes:
+            if root in frames or root not in nodes:
                 continue
-            stack = [(root, iter(nodes[root].links()))]
-            state[root] = 1
+            frame = frames[root] = [root, iter(nodes[root].links())]
+            stack = [frame]
             while stack:
-                node_id, pending = stack[-1]
-                for link in pending:
+                frame = stack[-1]
+                for link in frame[1]:
                     source = link.node
-                    mark = state.get(source)
-                    if mark is None:
-                        if source not in nodes:
+                    seen = frames.get(source)
+                    if seen is None:
+                        node = nodes.get(source)
+                        if node is None:
                             continue
-                        state[source] = 1
-                        stack.append((source, iter(nodes[source].links())))
+                        seen = frames[source] = [source, iter(node.links())]
+                        stack.append(seen)
                         break
-                    if mark == 1:
+                    if seen[1] is not None:  # on the current path
                         path = [entry[0] for entry in stack]
                         cycle = path[path.index(source):] + [source]
                         cycle.reverse()
@@ -202,8 +205,8 @@ class Prompt:
                         cycle = cycle + [cycle[0]]
                         raise CycleError(cycle, [nodes[i].label for i in cycle])
                 else:
-                    state[node_id] = 2
-                    order.append(node_id)
+                    frame[1] = None
+                    order.append(frame[0])
                     stack.pop()
         return order
 

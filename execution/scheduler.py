@@ -3,22 +3,31 @@
 State of one run (`_RunState`), all of it in one place:
 
     prompt       the graph; expansions add ephemeral nodes to it while the run goes on
-    signature    node id -> structural cache key (computed once, sources first)
-    deps         pending node -> the nodes whose values it reads (non-lazy inputs, requested lazy
-                 inputs, and, for a node that expanded, the nodes its result links point at); its
-                 keys are the pending nodes: those an output needs that have not finished
-    blocked_by   pending node -> how many of its deps have not finished (absent at zero)
-    waiters      node -> the pending nodes among whose deps it is, not finished yet
-    ready        pending nodes with nothing to wait for, run last-in first-out (depth first,
-                 so intermediates are consumed and freed early)
+    slots        node id -> its `_Slot`, the node's state in this run (below); made for every node
+                 the outputs need, sources first, when its signature is computed
+    structural   signatures that depend on the prompt alone, by position in the validated order,
+                 kept with the validated prompt for its next run
+    ready        pending slots with nothing to wait for, run last-in first-out (depth first, so
+                 intermediates are consumed and freed early)
     running      async node calls in flight
-    values       node id -> per-output lists of items (ComfyUI's list semantics): the finished
-                 nodes whose outputs are still held
-    uses         node id -> how many pending consumers still need its values; at zero the values
-                 are released (the cache may still hold them)
-Per-node entries are small lists and counts rather than sets: a 50k-node prompt holds one of each
-per node, and their size is what the memory traffic of a large run is made of.
-    expansions   expanded node -> its result template, resolved once its sub-graph finished
+    pending      how many slots have deps (the run ends with none)
+
+A node's state, on its slot (edges hold slots, so following one is attribute access, not a lookup
+in a prompt-sized table: a 50k-node run made some forty such lookups per node, each slower the
+larger the tables, and its time per node grew with the prompt):
+
+    signature    structural cache key (computed once, sources first)
+    stable       whether that signature is the prompt's alone (kept in `structural`)
+    values       per-output tuples of items (ComfyUI's list semantics) while the node's outputs
+                 are held; None before it finished and once released (the cache may still hold them)
+    uses         how many pending consumers still need its values; at zero the values are released
+    deps         while pending (an output needs it and it has not finished): the slots whose values
+                 it reads (non-lazy inputs, requested lazy inputs, and, for a node that expanded,
+                 the nodes its result links point at)
+    blocked      how many of its deps have not finished
+    waiters      pending slots among whose deps it is, not finished yet
+    requested    lazy inputs requested so far
+    template     an expanded node's result, links into its expansion, resolved once that finished
 
 Only what the outputs need and the cache lacks runs; an output that has a stand-in
 (`prompt.stand_ins`: a loop body node) is reached through it. Link inputs a node does not declare are
@@ -36,14 +45,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import itertools
 import resource
 import sys
 import threading
 import time
 import traceback
 from array import array
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -176,15 +183,16 @@ class _CallGuard:
 class _NodeRun:
     """One node's run: started (events, blocker check, timers), its calls, then ended (profile, outputs)."""
 
-    __slots__ = ("state", "node", "spec", "wall0", "cpu0", "skipped", "calls", "collected", "guard")
+    __slots__ = ("state", "slot", "wall0", "cpu0", "skipped", "calls", "collected", "guard")
 
-    def __init__(self, state: "_RunState", node: PromptNode, spec, gathered: dict) -> None:
-        self.state, self.node, self.spec = state, node, spec
+    def __init__(self, state: "_RunState", slot: "_Slot", gathered: dict) -> None:
+        self.state, self.slot = state, slot
+        node, spec = slot.node, slot.spec
         self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
         blocked = state._begin(node, spec, gathered)
         self.skipped = blocked is not None
         if self.skipped:
-            state._end(node, spec, [[blocked] for _ in spec.outputs], None, [], 0, self.wall0, self.cpu0)
+            state._end(slot, [[blocked] for _ in spec.outputs], None, [], 0, self.wall0, self.cpu0)
             return
         self.calls = state._call_args(spec, gathered)
         self.collected = _Collected(len(spec.outputs))
@@ -192,7 +200,7 @@ class _NodeRun:
 
     def end(self) -> None:
         collected = self.collected
-        self.state._end(self.node, self.spec, collected.outputs, collected.ui or None, collected.expansions,
+        self.state._end(self.slot, collected.outputs, collected.ui or None, collected.expansions,
                         len(self.calls), self.wall0, self.cpu0)
 
 
@@ -250,11 +258,9 @@ class Executor:
                         control: JobControl | None = None) -> JobResult:
         # The run adds and drops expansion nodes in its own copy: the validated prompt can run again.
         state = _RunState(self, validated.prompt.fork(), prompt_id, extra_data or {}, control or JobControl(),
-                          validated.signatures)
+                          validated.signatures if validated.order is not None else None)
         return await state.run(validated.outputs, validated.order)
 
-
-_sequence = itertools.count()
 
 # The collector is paused over a run (graph.collector_paused). So that cyclic garbage cannot pile up
 # in a long run (loop iterations), young objects are collected once this many have accumulated.
@@ -263,11 +269,36 @@ _sequence = itertools.count()
 YOUNG_OBJECTS_BEFORE_COLLECT = 1_000_000
 
 
+class _Slot:
+    """One node's state in one run; the fields are the module docstring's. Its edges (deps,
+    waiters) hold slots, not ids: a node's bookkeeping is attribute access on one object instead of
+    lookups in prompt-sized tables."""
+
+    __slots__ = ("node", "spec", "signature", "stable", "values", "uses", "deps", "blocked", "waiters",
+                 "requested", "template")
+
+    def __init__(self, node: PromptNode, spec) -> None:
+        self.node = node
+        self.spec = spec
+        self.signature: str | None = None
+        self.stable = False  # the signature depends on the prompt alone (see _sign_prompt)
+        self.values: tuple[tuple[Any, ...], ...] | None = None
+        self.uses = 0
+        self.deps: list[_Slot] | None = None
+        self.blocked = 0
+        self.waiters: list[_Slot] | None = None
+        self.requested: set[str] | None = None
+        self.template: list[list[Any]] | None = None
+
+    def __repr__(self) -> str:
+        return f"_Slot({self.node.id!r})"
+
+
 class _RunState:
     """One prompt's scheduler state (see the module docstring for each field)."""
 
     def __init__(self, executor: Executor, prompt: Prompt, prompt_id: str, extra_data: dict,
-                 control: JobControl, structural: dict[str, str] | None = None) -> None:
+                 control: JobControl, structural: list[str | None] | None = None) -> None:
         self.ex = executor
         self.registry = executor.registry
         self.cache = executor.cache
@@ -276,19 +307,13 @@ class _RunState:
         self.prompt_id = prompt_id
         self.extra_data = extra_data
         self.control = control
-        self.signature: dict[str, str] = {}
-        # Signatures that depend on the prompt alone, kept with the validated prompt across its runs.
-        self.structural: dict[str, str] = structural if structural is not None else {}
-        self.blocked_by: dict[str, int] = {}
-        self.waiters: dict[str, list[str]] = {}
-        self.ready: list[str] = []
-        self.running: dict[asyncio.Task, str] = {}
-        self.values: dict[str, tuple[tuple[Any, ...], ...]] = {}
-        self.uses: dict[str, int] = defaultdict(int)
-        self.deps: dict[str, list[str]] = {}
-        self.lazy_requested: dict[str, set[str]] = {}
-        self.expansions: dict[str, list[Any]] = {}
-        self.output_roots: set[str] = set()
+        self.slots: dict[str, _Slot] = {}
+        # Signatures that depend on the prompt alone, by position in the validated order, kept with
+        # the validated prompt across its runs.
+        self.structural: list[str | None] = structural if structural is not None else []
+        self.ready: list[_Slot] = []
+        self.running: dict[asyncio.Task, _Slot] = {}
+        self.pending = 0  # slots whose deps are set
         self.used_signatures: set[str] = set()
         self.result = JobResult(prompt_id, "success")
         self.cached_now: list[str] = []
@@ -296,6 +321,13 @@ class _RunState:
 
     def _is_interrupted(self) -> bool:
         return self.control.interrupted
+
+    def _slot(self, node_id: str) -> _Slot:
+        slot = self.slots.get(node_id)
+        if slot is None:
+            node = self.prompt.nodes[node_id]
+            slot = self.slots[node_id] = _Slot(node, self.registry.get(node.class_type))
+        return slot
 
     # ------------------------------------------------------------------ events
     def emit(self, event: str, data: dict) -> None:
@@ -319,29 +351,52 @@ class _RunState:
             return mark
         return (node.salt, mark)
 
-    def compute_signatures(self, node_ids: list[str], *, ordered: bool = False) -> None:
-        """Signatures for `node_ids` (sources first; sorted here unless `ordered` says they are).
+    def _upstream_signature(self, node_id: str) -> str | None:
+        slot = self.slots.get(node_id)
+        return slot.signature if slot is not None else None
 
-        A prompt node whose signature cannot change between runs of the same validated prompt (no
+    def _sign(self, slot: _Slot) -> str:
+        slot.signature = node_signature(slot.node, slot.spec, self._upstream_signature, fingerprint=self._fingerprint)
+        return slot.signature
+
+    def _sign_prompt(self, order: list[str]) -> None:
+        """Signatures of the prompt's nodes in `order` (sources first).
+
+        A node whose signature cannot change between runs of the same validated prompt (no
         fingerprint, no salt, and the same holds for its sources) is computed once and kept in
-        `structural`, so an unchanged re-run costs a lookup per node."""
+        `structural` at its position in `order`, so an unchanged re-run costs a lookup per node."""
         structural = self.structural
-        nodes = self.prompt.nodes
-        for node_id in (node_ids if ordered else self.prompt.topological_order(node_ids)):
-            signature = structural.get(node_id)
-            if signature is None:
-                node = nodes[node_id]
-                spec = self.registry.get(node.class_type)
-                signature = node_signature(node, spec, self.signature, fingerprint=self._fingerprint)
-                if node.parent is None and node.salt is None and spec.fingerprint is None \
-                        and all(link.node in structural for link in node.links()):
-                    structural[node_id] = signature
-            self.signature[node_id] = signature
+        known = len(structural) == len(order)
+        if not known:
+            structural[:] = [None] * len(order)
+        slots, nodes, spec_of = self.slots, self.prompt.nodes, self.registry.get
+        for index, node_id in enumerate(order):
+            node = nodes[node_id]
+            slot = slots[node_id] = _Slot(node, spec_of(node.class_type))
+            signature = structural[index]
+            if signature is not None:
+                slot.signature, slot.stable = signature, True
+                continue
+            self._sign(slot)
+            if not known and node.salt is None and slot.spec.fingerprint is None:
+                for link in node.links():
+                    source = slots.get(link.node)
+                    if source is None or not source.stable:
+                        break
+                else:
+                    slot.stable = True
+                    structural[index] = slot.signature
+
+    def compute_signatures(self, node_ids: list[str]) -> None:
+        """Signatures for `node_ids` (expansion nodes, or ancestors reached late), sources first."""
+        for node_id in self.prompt.topological_order(node_ids):
+            self._sign(self._slot(node_id))
 
     # ------------------------------------------------------------------ needing nodes
-    def _deps_of(self, node: PromptNode, spec) -> list[str]:
-        """The nodes `node` reads now (its lazy inputs only once requested); may repeat a node."""
-        requested = self.lazy_requested.get(node.id, ())
+    def _deps_of(self, slot: _Slot) -> list[_Slot]:
+        """The slots `slot` reads now (its lazy inputs only once requested); may repeat a slot."""
+        node, spec = slot.node, slot.spec
+        requested = slot.requested or ()
         deps = []
         for name, link in node.inputs.items():
             if type(link) is not Link:
@@ -349,101 +404,104 @@ class _RunState:
             inp = spec.input(name) if "." not in name else None
             lazy = inp.lazy if inp is not None else _dotted_lazy(spec, node, name)
             if not lazy or name in requested:
-                deps.append(link.node)
+                deps.append(self._slot(link.node))
         return deps
 
-    def need(self, roots) -> None:
+    def need(self, roots: Iterable[_Slot]) -> None:
         """Make `roots` and what they need pending (or finished from the cache), iteratively."""
         stack = list(roots)
         while stack:
-            node_id = stack.pop()
-            if node_id in self.values or node_id in self.deps:
+            slot = stack.pop()
+            if slot.values is not None or slot.deps is not None:
                 continue
-            node = self.prompt.nodes[node_id]
-            spec = self.registry.get(node.class_type)
-            if node_id not in self.signature:  # an expansion linked to a node outside the outputs' ancestry
-                self.compute_signatures([n for n in self.prompt.ancestors([node_id]) if n not in self.signature])
-            signature = self.signature[node_id]
+            node = slot.node
+            if slot.signature is None:  # an expansion linked to a node outside the outputs' ancestry
+                self.compute_signatures([n for n in self.prompt.ancestors([node.id])
+                                         if self._upstream_signature(n) is None])
+            signature = slot.signature
             if node.salt is None and node.parent is not None:
                 # An expansion's node (a salted one is never stored, so the cache need not keep its
                 # key); the prompt's own nodes are all kept at the end of the run.
                 self.used_signatures.add(signature)
             hit = self.cache.get(signature)
             if hit is not None:
-                self.values[node_id] = hit.outputs
-                self.result.cached.append(node_id)
-                self.cached_now.append(node_id)
+                slot.values = hit.outputs
+                self.result.cached.append(node.id)
+                self.cached_now.append(node.id)
                 if node.parent is None:
-                    self.result.profile_rows.add(node_id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
+                    self.result.profile_rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
                 if hit.ui:
                     self._record_ui(node, hit.ui)
-                self._finish(node_id)
+                self._finish(slot)
                 continue
-            deps = self._deps_of(node, spec)
-            self._wait_for(node_id, deps, stack)
+            self._wait_for(slot, self._deps_of(slot), stack)
 
-    def _wait_for(self, node_id: str, deps: Iterable[str], stack: list[str]) -> None:
-        """`node_id` reads `deps`: count the new ones as uses, wait for those not finished.
+    def _wait_for(self, slot: _Slot, deps: Iterable[_Slot], stack: list[_Slot]) -> None:
+        """`slot` reads `deps`: count the new ones as uses, wait for those not finished.
 
         Only a dep new to the node can be unfinished: every call names inputs the node did not
         read before (its first staging, requested lazy inputs, an expansion's result links)."""
-        known = self.deps.get(node_id)
+        known = slot.deps
         if known is None:
-            known = self.deps[node_id] = []
-        blocked = self.blocked_by.get(node_id, 0)
-        uses, values, waiters = self.uses, self.values, self.waiters
+            known = slot.deps = []
+            self.pending += 1
+        blocked = slot.blocked
         for dep in deps:
             if dep in known:
                 continue
             known.append(dep)
-            uses[dep] += 1
-            if dep not in values:
+            dep.uses += 1
+            if dep.values is None:
                 blocked += 1
-                waiting = waiters.get(dep)
-                if waiting is None:
-                    waiters[dep] = [node_id]
+                if dep.waiters is None:
+                    dep.waiters = [slot]
                 else:
-                    waiting.append(node_id)
+                    dep.waiters.append(slot)
                 stack.append(dep)
-        if blocked:
-            self.blocked_by[node_id] = blocked
-        else:
-            self.blocked_by.pop(node_id, None)
-            self.ready.append(node_id)
+        slot.blocked = blocked
+        if not blocked:
+            self.ready.append(slot)
 
-    def _finish(self, node_id: str) -> None:
-        blocked_by = self.blocked_by
-        for waiter in self.waiters.pop(node_id, ()):
-            blocked = blocked_by.get(waiter)
-            if blocked is None:
-                continue
-            if blocked > 1:
-                blocked_by[waiter] = blocked - 1
-            else:
-                del blocked_by[waiter]
-                self.ready.append(waiter)
-        if self.uses.get(node_id, 0) == 0 and node_id not in self.output_roots:
-            self._release(node_id)
+    def _finish(self, slot: _Slot) -> None:
+        waiters = slot.waiters
+        if waiters is not None:
+            slot.waiters = None
+            ready = self.ready
+            for waiter in waiters:
+                blocked = waiter.blocked
+                if blocked:
+                    waiter.blocked = blocked - 1
+                    if blocked == 1:
+                        ready.append(waiter)
+        if slot.uses <= 0:
+            self._release(slot)
 
-    def _consumed(self, node_id: str) -> None:
-        """`node_id` finished: it no longer needs its inputs' values."""
-        uses = self.uses
-        for dep in self.deps.pop(node_id, ()):
-            left = uses[dep] - 1
-            uses[dep] = left
-            if left <= 0 and dep in self.values:
+    def _consumed(self, slot: _Slot) -> None:
+        """`slot` finished: it no longer needs its inputs' values."""
+        deps = slot.deps
+        if deps is None:
+            return
+        slot.deps = None
+        self.pending -= 1
+        for dep in deps:
+            dep.uses -= 1
+            if dep.uses <= 0 and dep.values is not None:
                 self._release(dep)
 
-    def _release(self, node_id: str) -> None:
-        self.uses.pop(node_id, None)
-        self.values.pop(node_id, None)
-        node = self.prompt.nodes.get(node_id)
-        if node is not None and node.parent is not None and node_id not in self.deps \
-                and node_id not in self.expansions:
+    def _release(self, slot: _Slot) -> None:
+        slot.uses = 0
+        slot.values = None
+        node = slot.node
+        if node.parent is not None and slot.deps is None and slot.template is None \
+                and self.slots.get(node.id) is slot:
             # An ephemeral node nobody waits on is forgotten, so a long loop holds one iteration at a time.
-            del self.prompt.nodes[node_id]
-            self.signature.pop(node_id, None)
-            self.waiters.pop(node_id, None)
+            del self.slots[node.id]
+            del self.prompt.nodes[node.id]
+            slot.waiters = None
+
+    def held_values(self) -> int:
+        """How many nodes' values the run holds now."""
+        return sum(1 for slot in self.slots.values() if slot.values is not None)
 
     # ------------------------------------------------------------------ running
     async def run(self, outputs: list[str], order: list[str] | None = None) -> JobResult:
@@ -454,10 +512,11 @@ class _RunState:
         try:
             if order is None:
                 order = self.prompt.ordered_ancestors(outputs)
-            self.compute_signatures(order, ordered=True)
-            self.output_roots = set()
+                self.structural = []  # positions in an order of its own: nothing to keep
+            self._sign_prompt(order)
             stand_ins = self.prompt.stand_ins
-            self.need(list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs)
+            roots = list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs
+            self.need([self._slot(root) for root in roots])
             if self.cached_now:
                 self.emit("execution_cached", {"nodes": list(self.cached_now), "prompt_id": self.prompt_id,
                                                "timestamp": timestamp_ms()})
@@ -484,7 +543,7 @@ class _RunState:
                 task.cancel()
             # What the prompt holds is what the cache keeps (classic), whether or not it ran now:
             # an unchanged re-run stops at its cached outputs, yet their sources stay cached.
-            self.used_signatures.update(self.signature.values())
+            self.used_signatures.update(slot.signature for slot in self.slots.values() if slot.signature is not None)
             self.cache.end_prompt(self.used_signatures)
         if self.result.status == "success":
             self.emit("execution_success", {"prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
@@ -507,18 +566,18 @@ class _RunState:
                 stop.node = None
                 raise stop
             if self.ready:
-                node_id = self.ready.pop()
-                if node_id in self.expansions:
-                    self._resolve_expansion(node_id)
+                slot = self.ready.pop()
+                if slot.template is not None:
+                    self._resolve_expansion(slot)
                     continue
-                await self._start(node_id)
+                await self._start(slot)
                 continue
             done, _ = await asyncio.wait(list(self.running), return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                node_id = self.running.pop(task)
+                del self.running[task]
                 task.result()  # re-raises NodeExecutionError / interruption
-        if self.deps:
-            stuck = sorted(self.deps)[:10]
+        if self.pending:
+            stuck = sorted(node_id for node_id, slot in self.slots.items() if slot.deps is not None)[:10]
             raise NodeExecutionError({
                 "prompt_id": self.prompt_id, "node_id": stuck[0], "node_type": self.prompt.nodes[stuck[0]].class_type,
                 "executed": list(self.result.executed), "exception_message":
@@ -538,7 +597,8 @@ class _RunState:
                 continue
             value = node.inputs[name]
             if type(value) is Link:
-                produced = self.values.get(value.node)
+                source = self.slots.get(value.node)
+                produced = source.values if source is not None else None
                 if produced is None:
                     unevaluated.append(name)
                     gathered[name] = [None]
@@ -567,25 +627,26 @@ class _RunState:
             emit=self.emit, is_interrupted=self._is_interrupted, runtime=self.ex.runtime,
             parent_node_id=node.parent, real_node_id=node.real_id or node.id)
 
-    async def _start(self, node_id: str) -> None:
-        node = self.prompt.nodes[node_id]
-        spec = self.registry.get(node.class_type)
+    async def _start(self, slot: _Slot) -> None:
+        node, spec = slot.node, slot.spec
         gathered, unevaluated = self._gather_inputs(node, spec)
         if spec.check_lazy_status is not None and unevaluated:
             wanted = await self._call_guarded(node, spec, self._lazy_status, spec, gathered, unevaluated)
             missing = [name for name in wanted if name in unevaluated]
             if missing:
-                self.lazy_requested.setdefault(node_id, set()).update(missing)
-                sources = {node.inputs[name].node for name in missing}
-                stack: list[str] = []
-                self._wait_for(node_id, sources, stack)
+                if slot.requested is None:
+                    slot.requested = set()
+                slot.requested.update(missing)
+                sources = dict.fromkeys(node.inputs[name].node for name in missing)
+                stack: list[_Slot] = []
+                self._wait_for(slot, [self._slot(source) for source in sources], stack)
                 self.need(stack)
                 return
         if spec.is_async:
-            task = asyncio.ensure_future(self._execute_async(node, spec, gathered))
-            self.running[task] = node_id
+            task = asyncio.ensure_future(self._execute_async(slot, gathered))
+            self.running[task] = slot
         else:
-            self._execute_sync(node, spec, gathered)
+            self._execute_sync(slot, gathered)
 
     def _lazy_status(self, spec, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
         args = {k: (v if spec.input_is_list else (v[0] if v else None)) for k, v in gathered.items()}
@@ -644,8 +705,9 @@ class _RunState:
             raise NodeExecutionError(self._error_payload(node, RuntimeError(blocked.message), gathered))
         return blocked
 
-    def _execute_sync(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
-        run = _NodeRun(self, node, spec, gathered)
+    def _execute_sync(self, slot: _Slot, gathered: dict[str, list[Any]]) -> None:
+        run = _NodeRun(self, slot, gathered)
+        node, spec = slot.node, slot.spec
         if run.skipped:
             return
         for args in run.calls:
@@ -656,8 +718,9 @@ class _RunState:
             self._collect(node, spec, result, run.collected, gathered)
         run.end()
 
-    async def _execute_async(self, node: PromptNode, spec, gathered: dict[str, list[Any]]) -> None:
-        run = _NodeRun(self, node, spec, gathered)
+    async def _execute_async(self, slot: _Slot, gathered: dict[str, list[Any]]) -> None:
+        run = _NodeRun(self, slot, gathered)
+        node, spec = slot.node, slot.spec
         if run.skipped:
             return
         for args in run.calls:
@@ -700,9 +763,10 @@ class _RunState:
             else:
                 collected.outputs[index].append(value)
 
-    def _end(self, node: PromptNode, spec, outputs: list[list[Any]], ui: dict | None, expand: list,
+    def _end(self, slot: _Slot, outputs: list[list[Any]], ui: dict | None, expand: list,
              calls: int, wall0: float, cpu0: float) -> None:
         """Profile the node, record its UI, then complete it (or wait for its expansion)."""
+        node = slot.node
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -722,19 +786,19 @@ class _RunState:
         if ui:
             self._record_ui(node, ui)
         if expand:
-            self._expand(node, spec, outputs, ui, expand)
+            self._expand(slot, outputs, expand)
             return
-        self._complete(node, outputs, ui)
+        self._complete(slot, outputs, ui)
 
-    def _complete(self, node: PromptNode, outputs: list[list[Any]], ui: dict | None) -> None:
+    def _complete(self, slot: _Slot, outputs: list[list[Any]], ui: dict | None) -> None:
         # Held (and cached) as tuples: a one-item tuple is half the memory of a one-item list, and
         # a large prompt holds one per node output. Input-is-list nodes still receive lists.
         outputs = tuple(map(tuple, outputs))
-        self.values[node.id] = outputs
-        if node.salt is None:  # a salted node (an iteration that opted out of caching) is never reused
-            self.cache.put(self.signature[node.id], CachedResult(outputs, ui))
-        self._consumed(node.id)
-        self._finish(node.id)
+        slot.values = outputs
+        if slot.node.salt is None:  # a salted node (an iteration that opted out of caching) is never reused
+            self.cache.put(slot.signature, CachedResult(outputs, ui))
+        self._consumed(slot)
+        self._finish(slot)
 
     def _record_ui(self, node: PromptNode, ui: dict) -> None:
         key = node.display_id
@@ -753,7 +817,8 @@ class _RunState:
         return None
 
     # ------------------------------------------------------------------ expansion
-    def _expand(self, node: PromptNode, spec, outputs: list[list[Any]], ui: dict | None, graphs: list[dict]) -> None:
+    def _expand(self, slot: _Slot, outputs: list[list[Any]], graphs: list[dict]) -> None:
+        node = slot.node
         if len(graphs) > 1:
             raise NodeExecutionError(self._error_payload(
                 node, RuntimeError("a node that expands cannot also be mapped over a list input"), {}))
@@ -805,57 +870,55 @@ class _RunState:
             child_spec = self.registry.get(self.prompt.nodes[child].class_type)
             if child_spec.output_node and child not in consumed:
                 targets.add(child)
-        if node.salt is not None and node.parent in self.expansions and self.waiters.get(node.id) == [node.parent]:
-            self._hand_over(node, template, targets, new_ids)
+        parent = self.slots.get(node.parent) if node.parent is not None else None
+        if node.salt is not None and parent is not None and parent.template is not None \
+                and slot.waiters == [parent]:
+            self._hand_over(slot, parent, template, targets, new_ids)
             return
-        self.expansions[node.id] = template
-        stack: list[str] = []
-        self._wait_for(node.id, targets, stack)
+        slot.template = template
+        stack: list[_Slot] = []
+        self._wait_for(slot, [self._slot(target) for target in targets], stack)
         self.need(stack)
 
-    def _hand_over(self, node: PromptNode, template: list[list[Any]], targets: set[str], new_ids: list[str]) -> None:
+    def _hand_over(self, slot: _Slot, parent: _Slot, template: list[list[Any]], targets: set[str],
+                   new_ids: list[str]) -> None:
         """Tail expansion: the parent waits for `node`'s result only, so it adopts `node`'s expansion
         (result links, targets, children) and `node`, which has nothing left to do, is dropped."""
+        node = slot.node
         parent_id = node.parent
-        for items in self.expansions[parent_id]:
+        for items in parent.template:
             if any(type(item) is Link and item.node == node.id for item in items):
                 items[:] = [part for item in items for part in (
                     template[item.output] if type(item) is Link and item.node == node.id else (item,))]
         for child in new_ids:
             self.prompt.nodes[child].parent = parent_id
-        self.waiters.pop(node.id, None)
-        self.uses.pop(node.id, None)
-        parent_deps = self.deps.get(parent_id)
-        if parent_deps is not None and node.id in parent_deps:
-            parent_deps.remove(node.id)
-        blocked = self.blocked_by.get(parent_id)  # the parent waited on `node`, which has not finished
-        if blocked is not None:
-            if blocked > 1:
-                self.blocked_by[parent_id] = blocked - 1
-            else:
-                del self.blocked_by[parent_id]
-        stack: list[str] = []
-        self._wait_for(parent_id, targets, stack)
+        slot.waiters = None
+        slot.uses = 0
+        if parent.deps is not None and slot in parent.deps:
+            parent.deps.remove(slot)
+        if parent.blocked:  # the parent waited on `node`, which has not finished
+            parent.blocked -= 1
+        stack: list[_Slot] = []
+        self._wait_for(parent, [self._slot(target) for target in targets], stack)
         self.need(stack)
         # Only now release what `node` read, so values its expansion also reads stay alive.
-        self._consumed(node.id)
-        self.lazy_requested.pop(node.id, None)
+        self._consumed(slot)
+        slot.requested = None
         del self.prompt.nodes[node.id]
-        self.signature.pop(node.id, None)
+        del self.slots[node.id]
 
-    def _resolve_expansion(self, node_id: str) -> None:
-        template = self.expansions.pop(node_id)
+    def _resolve_expansion(self, slot: _Slot) -> None:
+        template, slot.template = slot.template, None
         outputs = []
         for items in template:
             resolved: list[Any] = []
             for item in items:
                 if type(item) is Link:
-                    resolved.extend(self.values[item.node][item.output])
+                    resolved.extend(self.slots[item.node].values[item.output])
                 else:
                     resolved.append(item)
             outputs.append(resolved)
-        node = self.prompt.nodes[node_id]
-        self._complete(node, outputs, None)
+        self._complete(slot, outputs, None)
 
 
 def _dotted_lazy(spec, node: PromptNode, name: str) -> bool:

@@ -49,10 +49,10 @@ class ValidatedPrompt:
     outputs: list[str]
     node_errors: dict[str, dict] = field(default_factory=dict)
     order: list[str] | None = None  # the outputs' ancestors, sources first
-    # Node id -> structural cache signature, for nodes whose signature depends on the prompt alone
-    # (no fingerprint up to its sources). Filled by the first run, reused by every later run of this
-    # validated prompt, and shared by the copies ValidationMemo hands out.
-    signatures: dict[str, str] = field(default_factory=dict)
+    # Structural cache signatures by position in `order` (None for a node whose signature is not
+    # the prompt's alone: a fingerprint or a salt on it or upstream). Filled by the first run, reused
+    # by every later run of this validated prompt, and shared by the copies ValidationMemo hands out.
+    signatures: list[str | None] = field(default_factory=list)
 
 
 class ValidationMemo:
@@ -147,31 +147,27 @@ def _config_json(spec) -> Any:
 
 
 class _NodeChecker:
-    """Checks one prompt; memoises per-node results so each node is checked once."""
+    """Checks one prompt's nodes, each once, collecting their errors."""
 
     def __init__(self, prompt: Prompt, registry, *, max_loop_iterations: int | None = None):
         self.prompt = prompt
         self.registry = registry
         self.errors: dict[str, list[dict]] = {}
-        self.checked: dict[str, bool] = {}
 
     def fail(self, node: PromptNode, error: dict) -> None:
         self.errors.setdefault(node.id, []).append(error)
 
-    def check_all(self, order: list[str]) -> dict[str, bool]:
-        """Check every node once, sources first; a node is usable when it and its sources are valid."""
-        usable: dict[str, bool] = {}
+    def check_all(self, order: list[str]) -> set[str]:
+        """Check every node once, sources first; returns the unusable ones: invalid, or with an
+        invalid source. (Kept as the exceptions: the usual prompt has none, so a large one costs no
+        table lookups per node.)"""
+        unusable: set[str] = set()
         nodes = self.prompt.nodes
         for node_id in order:
             node = nodes[node_id]
-            ok = self.check_node(node)
-            if ok:
-                for link in node.links():
-                    if not usable.get(link.node, True):
-                        ok = False
-                        break
-            usable[node_id] = ok
-        return usable
+            if not self.check_node(node) or (unusable and any(link.node in unusable for link in node.links())):
+                unusable.add(node_id)
+        return unusable
 
     def check_node(self, node: PromptNode) -> bool:
         spec = self.registry.get(node.class_type)
@@ -398,8 +394,8 @@ def _validate(data: Any, registry, partial_targets: list[str] | None, options: d
                           " -> ".join(cycle.path), node_errors=node_errors) from None
 
     checker = _NodeChecker(prompt, registry)
-    usable = checker.check_all(order)
-    good = [o for o in outputs if usable.get(o)]
+    unusable = checker.check_all(order)
+    good = [o for o in outputs if o not in unusable]
     for graph_check in getattr(registry, "graph_checks", ()):
         for nid, errs in (graph_check(prompt, registry, options or {}) or {}).items():
             checker.errors.setdefault(nid, []).extend(errs)

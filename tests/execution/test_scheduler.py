@@ -209,9 +209,9 @@ def test_intermediates_are_released(registry, paths):
     states = []
     original = scheduler._RunState._complete
 
-    def spy(self, node, outputs, ui):
-        original(self, node, outputs, ui)
-        states.append(len(self.values))
+    def spy(self, slot, outputs, ui):
+        original(self, slot, outputs, ui)
+        states.append(self.held_values())
 
     scheduler._RunState._complete = spy
     try:
