@@ -1,18 +1,30 @@
 """Executor overhead: chains and wide DAGs of 1k, 10k and 50k trivial nodes.
 
 For each graph: microseconds per node for the first run, the unchanged re-run, and the re-run after
-changing one leaf constant; plus the 50k/10k first-run time ratio, measured side by side per round. Each run is timed as two stages, validation
-(parse + checks) and execution (signatures, cache, scheduling, node calls), in process CPU time:
-this machine is shared, and CPU time is what the engine spends, whoever else is running. Wall time
-is printed beside it. Each figure is the fastest of seven fresh repetitions (noise only adds time).
-Each repetition holds one executor and one validation memo, as the server does, so the unchanged
-re-run is what re-submitting the same prompt costs end to end. The last line printed is one JSON
-object with every figure.
+changing one leaf constant; plus the 50k/10k first-run time ratio. Each run is timed as two stages,
+validation (parse + checks) and execution (signatures, cache, scheduling, node calls), in process
+CPU time: this machine is shared, and CPU time is what the engine spends, whoever else is running.
+Wall time is printed beside it.
+
+Every graph is measured in a fresh process (`bench/executor.py --child SHAPE NODES`), after an
+untimed first run of the same graph there, as a server that runs such prompts has run one before:
+the first run, the unchanged re-run and the one-leaf re-run, holding one executor and one validation
+memo as the server does. So each size starts alike. Measured in one process, a 10k run found pages
+an earlier larger run had mapped while a 50k run mapped its own, and a page's first touch costs
+about 3.5 us on this host (a third of a page fault per node of a fresh 50k run).
+
+The 50k/10k ratio is measured side by side, in rounds: each round runs five 10k graphs around one
+50k graph, the same number of nodes, so the host's slow spells (this machine is shared, and single
+runs vary by half) fall on both sides alike; the round's ratio is the 50k time over the mean 10k
+time, and the figure is the median over rounds. The table's figures are the fastest of all runs of
+each graph (noise only adds time). The last line printed is one JSON object with every figure.
 """
 from __future__ import annotations
 
 import gc
 import json
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,7 +82,7 @@ def timed_run(executor: Executor, reg: NodeRegistry, memo: ValidationMemo, promp
     gc.collect()
     wall0, cpu0 = time.perf_counter(), time.process_time()
     validated = validate_prompt(prompt, reg, memo=memo)
-    wall1, cpu1 = time.perf_counter(), time.process_time()
+    cpu1 = time.process_time()
     result = executor.run(validated, prompt_id=prompt_id)
     wall2, cpu2 = time.perf_counter(), time.process_time()
     assert result.status == "success", result.error
@@ -78,15 +90,8 @@ def timed_run(executor: Executor, reg: NodeRegistry, memo: ValidationMemo, promp
             "total_wall": wall2 - wall0, "executed": len(result.executed)}
 
 
-REPEATS = 7  # each figure is the fastest of this many fresh repetitions: the host's noise only adds time
-
-
-def fastest(runs: list[dict]) -> dict:
-    return {key: min(run[key] for run in runs) if key != "executed" else runs[0][key] for key in runs[0]}
-
-
-def measure_once(shape: str, n: int, reg: NodeRegistry, tmp: Path) -> tuple[dict, dict, dict, int]:
-    """One fresh repetition: the first run, the unchanged re-run, the re-run after changing one leaf."""
+def measure(shape: str, n: int, reg: NodeRegistry, tmp: Path) -> dict:
+    """The first run of a fresh graph, the unchanged re-run, the re-run after changing one leaf."""
     prompt = chain(n) if shape == "chain" else wide(n)
     # As the server holds them: one executor (with its output cache) and one validation memo.
     executor = Executor(reg, cache=make_cache("classic"), paths=Paths(tmp))
@@ -96,17 +101,45 @@ def measure_once(shape: str, n: int, reg: NodeRegistry, tmp: Path) -> tuple[dict
     leaf = "0" if shape == "chain" else "l0"
     prompt[leaf]["inputs"]["value"] += 1
     changed = timed_run(executor, reg, memo, prompt, "changed")
-    return first, rerun, changed, len(prompt)
+    return {"first": first, "rerun": rerun, "changed": changed, "nodes": len(prompt)}
 
 
-def summarise(shape: str, repetitions: list[tuple[dict, dict, dict, int]]) -> dict:
-    first = fastest([r[0] for r in repetitions])
-    rerun = fastest([r[1] for r in repetitions])
-    changed = fastest([r[2] for r in repetitions])
-    nodes = repetitions[0][3]
+def child(shape: str, n: int) -> None:
+    """One measurement in this fresh process, after an untimed first run of the same graph; prints it as JSON."""
+    import tempfile
+
+    reg = registry()
+    with tempfile.TemporaryDirectory() as tmp:
+        warm_up = Executor(reg, cache=make_cache("classic"), paths=Paths(tmp))
+        timed_run(warm_up, reg, ValidationMemo(), chain(n) if shape == "chain" else wide(n), "warm-up")
+        del warm_up
+        print(json.dumps(measure(shape, n, reg, Path(tmp))))
+
+
+def in_fresh_process(shape: str, n: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", shape, str(n)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {shape} {n} failed:\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+ROUNDS = 9
+SMALL_PER_LARGE = 5  # 10k runs per 50k run in a round: the same node count on both sides
+SIZES = (1_000, 10_000, 50_000)
+
+
+def fastest(runs: list[dict]) -> dict:
+    return {key: min(run[key] for run in runs) if key != "executed" else runs[0][key] for key in runs[0]}
+
+
+def summarise(shape: str, samples: list[dict]) -> dict:
+    first = fastest([s["first"] for s in samples])
+    rerun = fastest([s["rerun"] for s in samples])
+    changed = fastest([s["changed"] for s in samples])
+    nodes = samples[0]["nodes"]
     per_node = lambda run, key: run[key] / nodes * 1e6  # noqa: E731
     return {
-        "shape": shape, "nodes": nodes,
+        "shape": shape, "nodes": nodes, "runs": len(samples),
         "first_us_per_node": per_node(first, "total_cpu"), "rerun_us_per_node": per_node(rerun, "total_cpu"),
         "changed_leaf_us_per_node": per_node(changed, "total_cpu"),
         "first_execute_us_per_node": per_node(first, "execute_cpu"),
@@ -120,45 +153,45 @@ def summarise(shape: str, repetitions: list[tuple[dict, dict, dict, int]]) -> di
 
 
 def main() -> None:
-    import tempfile
-
-    reg = registry()
-    cases: list[tuple[str, int]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    samples: dict[tuple[str, int], list[dict]] = {(shape, n): [] for shape in ("chain", "wide") for n in SIZES}
+    round_ratios: dict[str, list[float]] = {"chain": [], "wide": []}
+    # A round per shape: the 1k graph, then the 50k graph amid the five 10k ones.
+    small_before = SMALL_PER_LARGE // 2
+    sequence = [1_000] + [10_000] * small_before + [50_000] + [10_000] * (SMALL_PER_LARGE - small_before)
+    for _ in range(ROUNDS):
         for shape in ("chain", "wide"):
-            for n in (1_000, 10_000, 50_000):
-                cases.append((shape, n))
-        # Repetitions go round-robin over the graphs, so a slow spell of the host hits them all alike.
-        samples: dict[tuple[str, int], list] = {case: [] for case in cases}
-        for _ in range(REPEATS):
-            for shape, n in cases:
-                samples[(shape, n)].append(measure_once(shape, n, reg, Path(tmp)))
-        rows = [summarise(shape, samples[(shape, n)]) for shape, n in cases]
-    print("CPU microseconds per node (wall in brackets for the first run)")
-    print(f"{'shape':<6} {'nodes':>7} {'first':>16} {'validate':>9} {'execute':>8} {'rerun':>7} "
+            runs = [(n, in_fresh_process(shape, n)) for n in sequence]
+            for n, sample in runs:
+                samples[(shape, n)].append(sample)
+            small = [sample["first"]["total_cpu"] for n, sample in runs if n == 10_000]
+            large = next(sample["first"]["total_cpu"] for n, sample in runs if n == 50_000)
+            round_ratios[shape].append(large / statistics.mean(small))
+    rows = [summarise(shape, samples[(shape, n)]) for shape, n in samples]
+    print("CPU microseconds per node, fastest of all runs of each graph (wall in brackets for the first run)")
+    print(f"{'shape':<6} {'nodes':>7} {'runs':>5} {'first':>16} {'validate':>9} {'execute':>8} {'rerun':>7} "
           f"{'rerun exec':>10} {'1 leaf':>7} {'rerun/first':>11} {'exec rerun/first':>16} {'executed':>22}")
     for row in rows:
-        print(f"{row['shape']:<6} {row['nodes']:>7} {row['first_us_per_node']:>7.1f} [{row['first_wall_us_per_node']:>6.1f}] "
+        print(f"{row['shape']:<6} {row['nodes']:>7} {row['runs']:>5} {row['first_us_per_node']:>7.1f} "
+              f"[{row['first_wall_us_per_node']:>6.1f}] "
               f"{row['validate_us_per_node']:>9.1f} {row['first_execute_us_per_node']:>8.1f} "
               f"{row['rerun_us_per_node']:>7.1f} {row['rerun_execute_us_per_node']:>10.1f} "
               f"{row['changed_leaf_us_per_node']:>7.1f} {row['rerun_over_first']:>11.3f} "
               f"{row['rerun_over_first_execute']:>16.3f} {str(row['executed']):>22}")
-    # The 50k/10k ratio is measured side by side: in each round the 10k and the 50k graph run one
-    # after the other, their ratio is that round's, and the median over rounds is the figure. The
-    # ratio of the fastest runs (5 x first(50k) / first(10k) in the table) is printed beside it;
-    # it pairs runs from different rounds, so a quiet spell that only a short 10k run caught moves it.
-    ratios, fastest = {}, {}
-    for shape in ("chain", "wide"):
-        paired = sorted(big[0]["total_cpu"] / small[0]["total_cpu"]
-                        for small, big in zip(samples[(shape, 10_000)], samples[(shape, 50_000)]))
-        ratios[shape] = paired[len(paired) // 2]
+    ratios, fastest_ratio = {}, {}
+    for shape, paired in round_ratios.items():
+        ratios[shape] = statistics.median(paired)
         by_n = {r["nodes"]: r for r in rows if r["shape"] == shape}
-        fastest[shape] = by_n[50_000]["first_s"] / by_n[10_000]["first_s"]
-        print(f"{shape}: 50k/10k first-run time ratio {ratios[shape]:.2f} (median of the rounds' side-by-side "
-              f"ratios {', '.join(f'{r:.2f}' for r in paired)}; fastest runs {fastest[shape]:.2f}; 5.0 is linear)")
+        fastest_ratio[shape] = by_n[50_000]["first_s"] / by_n[10_000]["first_s"]
+        print(f"{shape}: 50k/10k first-run time ratio {ratios[shape]:.2f} (median over rounds of 50k / mean of "
+              f"{SMALL_PER_LARGE} 10k runs: {', '.join(f'{r:.2f}' for r in sorted(paired))}; "
+              f"fastest runs {fastest_ratio[shape]:.2f}; 5.0 is linear)")
     print(json.dumps({"benchmark": "executor", "rows": rows, "ratio_50k_over_10k": ratios,
-                      "ratio_50k_over_10k_of_fastest_runs": fastest}))
+                      "ratio_50k_over_10k_rounds": round_ratios,
+                      "ratio_50k_over_10k_of_fastest_runs": fastest_ratio}))
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 class Link:
@@ -171,19 +171,23 @@ class Prompt:
             self._nodes_shared = False
         self.nodes[node.id] = node
 
-    def ordered_ancestors(self, roots: list[str]) -> list[str]:
+    def ordered_ancestors(self, roots: list[str], visit: Callable[[PromptNode], None] | None = None) -> list[str]:
         """`roots` and everything upstream of them, sources first; CycleError names a cycle.
 
-        One iterative depth-first pass (no recursion, so 50k-node chains are fine)."""
+        One iterative depth-first pass (no recursion, so 50k-node chains are fine). `visit(node)` is
+        called for each node as it takes its place in the order, its sources already visited: work
+        done there finds the node's memory just read, not read again in a pass of its own (on a
+        large prompt, every pass over the nodes is a pass over memory that is no longer in cache)."""
         nodes = self.nodes
-        # Node id -> its frame [id, its links still to visit]; the second item is None once done.
+        # Node id -> its frame [node, its links still to visit]; the second item is None once done.
         # The frame is the mark, so a node costs one table insert and no second lookup to finish.
         frames: dict[str, list] = {}
         order: list[str] = []
         for root in roots:
             if root in frames or root not in nodes:
                 continue
-            frame = frames[root] = [root, iter(nodes[root].links())]
+            node = nodes[root]
+            frame = frames[root] = [node, iter(node.links())]
             stack = [frame]
             while stack:
                 frame = stack[-1]
@@ -194,11 +198,11 @@ class Prompt:
                         node = nodes.get(source)
                         if node is None:
                             continue
-                        seen = frames[source] = [source, iter(node.links())]
+                        seen = frames[source] = [node, iter(node.links())]
                         stack.append(seen)
                         break
                     if seen[1] is not None:  # on the current path
-                        path = [entry[0] for entry in stack]
+                        path = [entry[0].id for entry in stack]
                         cycle = path[path.index(source):] + [source]
                         cycle.reverse()
                         cycle = cycle[:-1]
@@ -206,7 +210,10 @@ class Prompt:
                         raise CycleError(cycle, [nodes[i].label for i in cycle])
                 else:
                     frame[1] = None
-                    order.append(frame[0])
+                    node = frame[0]
+                    order.append(node.id)
+                    if visit is not None:
+                        visit(node)
                     stack.pop()
         return order
 

@@ -53,6 +53,9 @@ class ValidatedPrompt:
     # the prompt's alone: a fingerprint or a salt on it or upstream). Filled by the first run, reused
     # by every later run of this validated prompt, and shared by the copies ValidationMemo hands out.
     signatures: list[str | None] = field(default_factory=list)
+    # Every node in it validates from the prompt alone (`NodeSpec.validation_is_pure`), so validating
+    # the same prompt again would give the same result: ValidationMemo may keep it.
+    reusable: bool = False
 
 
 class ValidationMemo:
@@ -97,12 +100,11 @@ class ValidationMemo:
             self._entries.move_to_end(key)
             self.hits += 1
         return ValidatedPrompt(found.prompt.fork(raw=data), list(found.outputs), found.node_errors,
-                               found.order, found.signatures)
+                               found.order, found.signatures, found.reusable)
 
-    def put(self, key: tuple, validated: ValidatedPrompt, registry) -> None:
+    def put(self, key: tuple, validated: ValidatedPrompt) -> None:
         """Remember `validated` if every node in it validates from the prompt alone."""
-        get = registry.get
-        if not all(get(node.class_type).validation_is_pure for node in validated.prompt.nodes.values()):
+        if not validated.reusable:
             return
         with self._lock:
             self._entries[key] = validated
@@ -153,21 +155,18 @@ class _NodeChecker:
         self.prompt = prompt
         self.registry = registry
         self.errors: dict[str, list[dict]] = {}
+        self.unusable: set[str] = set()
 
     def fail(self, node: PromptNode, error: dict) -> None:
         self.errors.setdefault(node.id, []).append(error)
 
-    def check_all(self, order: list[str]) -> set[str]:
-        """Check every node once, sources first; returns the unusable ones: invalid, or with an
-        invalid source. (Kept as the exceptions: the usual prompt has none, so a large one costs no
-        table lookups per node.)"""
-        unusable: set[str] = set()
-        nodes = self.prompt.nodes
-        for node_id in order:
-            node = nodes[node_id]
-            if not self.check_node(node) or (unusable and any(link.node in unusable for link in node.links())):
-                unusable.add(node_id)
-        return unusable
+    def visit(self, node: PromptNode) -> None:
+        """Check `node`, its sources checked before it; a node is unusable when it or one of its
+        sources is invalid. (Unusable ones are kept as the exceptions: the usual prompt has none,
+        so a large one costs no table lookups per node.)"""
+        unusable = self.unusable
+        if not self.check_node(node) or (unusable and any(link.node in unusable for link in node.links())):
+            unusable.add(node.id)
 
     def check_node(self, node: PromptNode) -> bool:
         spec = self.registry.get(node.class_type)
@@ -357,22 +356,27 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
     with collector_paused(keep_as_old=True):
         validated = _validate(data, registry, partial_targets, options)
     if key is not None:
-        memo.put(key, validated, registry)
+        memo.put(key, validated)
     return validated
 
 
 def _validate(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> ValidatedPrompt:
     check_structure(data)
     prompt = Prompt.from_api(data)
-    for node in prompt.nodes.values():
-        if registry.get(node.class_type) is None:
+    outputs = []
+    reusable = True
+    for node_id, node in prompt.nodes.items():
+        spec = registry.get(node.class_type)
+        if spec is None:
             raise PromptError(
                 "missing_node_type",
                 f"Node {node.label}: node type '{node.class_type}' is not registered",
                 f"Node ID '#{node.id}'",
                 extra_info={"node_id": node.id, "class_type": node.class_type, "node_title": node.title or node.class_type},
             )
-    outputs = [nid for nid, node in prompt.nodes.items() if registry.get(node.class_type).output_node]
+        if spec.output_node:
+            outputs.append(node_id)
+        reusable = reusable and spec.validation_is_pure
     if partial_targets:
         unknown = [t for t in partial_targets if str(t) not in prompt.nodes]
         if unknown:
@@ -381,8 +385,9 @@ def _validate(data: Any, registry, partial_targets: list[str] | None, options: d
     if not outputs:
         raise PromptError("prompt_no_outputs", "Prompt has no outputs",
                           "The prompt needs at least one output node (such as SaveImage or PreviewAny)")
+    checker = _NodeChecker(prompt, registry)
     try:
-        order = prompt.ordered_ancestors(outputs)
+        order = prompt.ordered_ancestors(outputs, visit=checker.visit)
     except CycleError as cycle:
         node_errors = {
             nid: {"errors": [node_error("dependency_cycle", f"Dependency cycle: {' -> '.join(cycle.labels)}",
@@ -393,9 +398,7 @@ def _validate(data: Any, registry, partial_targets: list[str] | None, options: d
         raise PromptError("dependency_cycle", f"Dependency cycle: {' -> '.join(cycle.labels)}",
                           " -> ".join(cycle.path), node_errors=node_errors) from None
 
-    checker = _NodeChecker(prompt, registry)
-    unusable = checker.check_all(order)
-    good = [o for o in outputs if o not in unusable]
+    good = [o for o in outputs if o not in checker.unusable]
     for graph_check in getattr(registry, "graph_checks", ()):
         for nid, errs in (graph_check(prompt, registry, options or {}) or {}).items():
             checker.errors.setdefault(nid, []).extend(errs)
@@ -412,4 +415,4 @@ def _validate(data: Any, registry, partial_targets: list[str] | None, options: d
         raise PromptError(
             "prompt_outputs_failed_validation", "Prompt outputs failed validation",
             first["message"] if first else "", node_errors=node_errors)
-    return ValidatedPrompt(prompt, good, node_errors, order)
+    return ValidatedPrompt(prompt, good, node_errors, order, reusable=reusable)
