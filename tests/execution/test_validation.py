@@ -284,3 +284,42 @@ def test_a_validated_graph_is_kept_as_old_objects(registry):
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_every_node_is_checked_once_after_its_sources(registry, monkeypatch):
+    """Checks run inside the depth-first pass that orders the graph: each node once, sources first."""
+    from execution import validation
+
+    prompt = {"c": {"class_type": "TestConst", "inputs": {"value": 1}},
+              "a": {"class_type": "TestAdd", "inputs": {"a": ["c", 0], "b": ["c", 0]}},
+              "m": {"class_type": "TestMul", "inputs": {"a": ["a", 0], "b": ["c", 0]}},
+              "unused": {"class_type": "TestConst", "inputs": {"value": 2}},
+              "o": out(["m", 0])}
+    checked = []
+    original = validation._NodeChecker.check_node
+
+    def spy(self, node):
+        checked.append(node.id)
+        return original(self, node)
+
+    monkeypatch.setattr(validation._NodeChecker, "check_node", spy)
+    validated = validate_prompt(prompt, registry)
+    assert checked == validated.order == ["c", "a", "m", "o"]
+
+
+def test_structural_signatures_are_kept_by_position_in_the_order(registry, paths):
+    """A run keeps each node's signature at its place in the validated order, except where a
+    fingerprint (here NaN: always run) decides it, on the node or upstream."""
+    from execution.cache import make_cache
+    from execution.scheduler import Executor
+
+    prompt = {"c": {"class_type": "TestConst", "inputs": {"value": 3}},
+              "z": {"class_type": "TestAlwaysChanged", "inputs": {"value": 2}},
+              "sum": {"class_type": "TestAdd", "inputs": {"a": ["c", 0], "b": ["z", 0]}},
+              "o": out(["sum", 0])}
+    validated = validate_prompt(prompt, registry)
+    assert validated.signatures == []
+    Executor(registry, cache=make_cache("classic"), paths=paths).run(validated, prompt_id="p")
+    kept = dict(zip(validated.order, validated.signatures))
+    assert set(kept) == {"c", "z", "sum", "o"} and len(validated.signatures) == len(validated.order)
+    assert kept["c"] is not None and kept["z"] is None and kept["sum"] is None and kept["o"] is None
