@@ -355,9 +355,8 @@ class _RunState:
         slot = self.slots.get(node_id)
         return slot.signature if slot is not None else None
 
-    def _sign(self, slot: _Slot) -> str:
+    def _sign(self, slot: _Slot) -> None:
         slot.signature = node_signature(slot.node, slot.spec, self._upstream_signature, fingerprint=self._fingerprint)
-        return slot.signature
 
     def _sign_prompt(self, order: list[str]) -> None:
         """Signatures of the prompt's nodes in `order` (sources first).

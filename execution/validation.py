@@ -151,7 +151,7 @@ def _config_json(spec) -> Any:
 class _NodeChecker:
     """Checks one prompt's nodes, each once, collecting their errors."""
 
-    def __init__(self, prompt: Prompt, registry, *, max_loop_iterations: int | None = None):
+    def __init__(self, prompt: Prompt, registry):
         self.prompt = prompt
         self.registry = registry
         self.errors: dict[str, list[dict]] = {}
