@@ -13,54 +13,62 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from execution import context as run_context
-from execution.cache import make_cache
 from execution.errors import PromptError
-from execution.events import EventBus
-from execution.paths import Paths
-from execution.scheduler import Executor, JobResult, print_profile_table
-from execution.validation import ValidationMemo, validate_prompt
+
+# The engine, the node packs and torch are imported where they are used, so `--help` (and a usage error)
+# answers at once: tests/test_main.py checks that printing help imports neither torch nor a node pack.
 
 ROOT = Path(__file__).resolve().parent
 
 
 # ---------------------------------------------------------------------- arguments
+def add_directory_arguments(parser: argparse.ArgumentParser, *, writes: bool = True) -> None:
+    """The folder flags; `writes=False` leaves out the folders only a running job writes to."""
+    group = parser.add_argument_group("folders")
+    group.add_argument("--base-directory", type=Path, default=None, metavar="DIR",
+                       help="folder holding models/, input/, output/, user/ and custom_nodes/ (default: Weft's own folder)")
+    group.add_argument("--input-directory", type=Path, default=None, metavar="DIR",
+                       help="folder of input files (images, videos, audio) that nodes load (default: <base>/input)")
+    if writes:
+        group.add_argument("--output-directory", type=Path, default=None, metavar="DIR",
+                           help="folder saved outputs are written to (default: <base>/output)")
+        group.add_argument("--temp-directory", type=Path, default=None, metavar="DIR",
+                           help="folder of temporary files such as previews (default: <base>/temp)")
+        group.add_argument("--user-directory", type=Path, default=None, metavar="DIR",
+                           help="folder of user data: settings and saved workflows (default: <base>/user)")
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by the server and the headless runner."""
-    parser.add_argument("--base-directory", type=Path, default=None,
-                        help="folder holding models/, input/, output/, user/ and custom_nodes/ (default: Weft's own folder)")
-    parser.add_argument("--output-directory", type=Path, default=None)
-    parser.add_argument("--input-directory", type=Path, default=None)
-    parser.add_argument("--temp-directory", type=Path, default=None)
-    parser.add_argument("--user-directory", type=Path, default=None)
-    cache = parser.add_mutually_exclusive_group()
+    add_directory_arguments(parser)
+    cache = parser.add_argument_group("result cache").add_mutually_exclusive_group()
     cache.add_argument("--cache-classic", action="store_true", help="keep only what the latest prompt used")
     cache.add_argument("--cache-lru", type=int, default=0, metavar="N", help="keep the N most recent node results")
     cache.add_argument("--cache-ram", type=float, nargs="?", const=4.0, default=None, metavar="GB",
                        help="(default) evict results when free RAM falls below GB (4 when not given)")
     cache.add_argument("--cache-none", action="store_true", help="keep no results between runs")
-    parser.add_argument("--max-loop-iterations", type=int, default=10_000,
-                        help="refuse loops with more iterations than this at validation time")
+    add_loop_limit_argument(parser)
     for extend in _argument_extensions():
         extend(parser)
 
 
-def _argument_extensions():
-    """Argument groups owned by other parts (memory manager, plugins), when present."""
-    extensions = []
-    try:
-        from models import memory
+def add_loop_limit_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-loop-iterations", type=int, default=10_000, metavar="N",
+                        help="refuse loops with more iterations than this at validation time (default 10000)")
 
-        extensions.append(memory.add_cli_arguments)
-    except (ImportError, AttributeError):
-        pass
+
+def _argument_extensions():
+    """Argument groups owned by other parts (memory manager, plugins); their flag modules are torch-free."""
+    from models import memory_flags
     from nodes import plugins
 
-    extensions.append(plugins.add_cli_arguments)
-    return extensions
+    return [memory_flags.add_cli_arguments, plugins.add_cli_arguments]
 
 
 def cache_from_args(args: argparse.Namespace):
+    """The result cache the cache flags ask for."""
+    from execution.cache import make_cache
+
     if args.cache_classic:
         return make_cache("classic")
     if args.cache_lru:
@@ -70,26 +78,35 @@ def cache_from_args(args: argparse.Namespace):
     return make_cache("ram", ram_gb=args.cache_ram)
 
 
-def paths_from_args(args: argparse.Namespace) -> Paths:
-    base = args.base_directory or ROOT
-    return Paths(base, input=args.input_directory, output=args.output_directory, temp=args.temp_directory,
-                 user=args.user_directory).ensure()
+def paths_from_args(args: argparse.Namespace, *, create: bool = True):
+    """The folders the flags name; `create=False` only names them (validation writes nothing)."""
+    from execution.paths import Paths
+
+    paths = Paths(args.base_directory or ROOT, input=args.input_directory,
+                  output=getattr(args, "output_directory", None), temp=getattr(args, "temp_directory", None),
+                  user=getattr(args, "user_directory", None))
+    return paths.ensure() if create else paths
 
 
 class Runtime:
-    """Everything a server or a headless run needs, wired once."""
+    """Everything a server or a headless run needs, wired once.
 
-    def __init__(self, args: argparse.Namespace, *, events: EventBus | None = None) -> None:
+    `runs_jobs=False` (the `validate` command) wires only what checking needs: no folder is created, no
+    memory manager configured and no executor built.
+    """
+
+    def __init__(self, args: argparse.Namespace, *, events=None, runs_jobs: bool = True) -> None:
+        from execution import context as run_context
+        from execution.events import EventBus
+        from execution.validation import ValidationMemo
         from nodes.registry import builtin_registry
 
         self.args = args
-        self.paths = paths_from_args(args)
-        try:
+        self.paths = paths_from_args(args, create=runs_jobs)
+        if runs_jobs:
             from models import memory
 
             memory.configure_from_args(args)
-        except (ImportError, AttributeError):
-            pass
         self.registry = builtin_registry()
         self.plugin_reports: list[Any] = []
         self.events = events or EventBus()
@@ -99,26 +116,41 @@ class Runtime:
         from nodes import plugins
 
         self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args)
-        self.executor = Executor(self.registry, cache=cache_from_args(args), events=self.events, paths=self.paths,
-                                 runtime=services)
+        self.executor = None
+        if runs_jobs:
+            from execution.scheduler import Executor
+
+            self.executor = Executor(self.registry, cache=cache_from_args(args), events=self.events,
+                                     paths=self.paths, runtime=services)
         self.validation_memo = ValidationMemo()  # re-submitting an unchanged prompt skips re-checking it
 
     def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
         """The one validation path (server, headless runner and the editor's pre-check)."""
+        from execution.validation import validate_prompt
+
         return validate_prompt(prompt, self.registry, partial_targets=partial_targets,
                                options={"max_loop_iterations": self.args.max_loop_iterations},
                                memo=self.validation_memo)
 
 
 # ---------------------------------------------------------------------- workflows
-def load_workflow(path: Path, registry) -> dict:
-    """Read a UI- or API-format workflow file and return an API prompt."""
+def read_workflow_file(path: Path) -> Any:
+    """The parsed JSON of a workflow file; PromptError when it is missing or not JSON (nothing imported)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PromptError("invalid_prompt", f"workflow file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise PromptError("invalid_prompt", f"workflow file {str(path)!r} is a folder, not a file") from None
     except json.JSONDecodeError as exc:
         raise PromptError("invalid_prompt", f"workflow file {str(path)!r} is not valid JSON", str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise PromptError("invalid_prompt", f"workflow file {str(path)!r} is not UTF-8 text", str(exc)) from None
+    return data
+
+
+def workflow_to_prompt(data: Any, registry) -> dict:
+    """An API prompt from a parsed UI- or API-format workflow (or a saved `{"prompt": ...}` body)."""
     if isinstance(data, dict) and isinstance(data.get("prompt"), dict) and "nodes" not in data:
         data = data["prompt"]
     from execution.convert import is_ui_workflow, ui_to_api
@@ -128,13 +160,42 @@ def load_workflow(path: Path, registry) -> dict:
     return data
 
 
-def parse_set(assignments: list[str], prompt: dict) -> None:
-    """Apply `--set NODE_ID.INPUT=VALUE` (VALUE read as JSON when it parses, else as text)."""
+def load_workflow(path: Path, registry) -> dict:
+    """Read a UI- or API-format workflow file and return an API prompt."""
+    return workflow_to_prompt(read_workflow_file(path), registry)
+
+
+def _split_set_target(target: str, prompt: dict) -> tuple[str, str] | None:
+    """(node id, input name) of `NODE_ID.INPUT`; node ids may hold ':' and input names '.'."""
+    candidates = [i for i, ch in enumerate(target) if ch == "."]
+    for i in candidates:  # the first split whose left side is a node of the prompt
+        if target[:i] in prompt:
+            return target[:i], target[i + 1:]
+    if candidates:
+        return target[:candidates[0]], target[candidates[0] + 1:]
+    return None
+
+
+def declared_inputs(node: dict, registry) -> list[str] | None:
+    """The input names a prompt node's class declares for its current values (None: unknown class)."""
+    spec = registry.get(node.get("class_type")) if isinstance(node, dict) else None
+    if spec is None:
+        return None
+    values = node.get("inputs") if isinstance(node.get("inputs"), dict) else {}
+    return list(spec.instance_inputs(spec.normalize_input_names(dict(values))))
+
+
+def parse_set(assignments: list[str], prompt: dict, registry=None) -> None:
+    """Apply `--set NODE_ID.INPUT=VALUE` (VALUE read as JSON when it parses, else as text).
+
+    With `registry`, an input the node's class does not declare is refused, naming the inputs it has.
+    """
     for assignment in assignments:
         target, eq, raw = assignment.partition("=")
-        node_id, dot, input_name = target.rpartition(".") if target.count(".") > 1 else target.partition(".")
-        if not eq or not dot or not node_id or not input_name:
+        split = _split_set_target(target, prompt)
+        if not eq or split is None or not split[0] or not split[1]:
             raise PromptError("invalid_prompt", f"--set {assignment!r}: expected NODE_ID.INPUT=VALUE")
+        node_id, input_name = split
         if node_id not in prompt:
             raise PromptError("invalid_prompt", f"--set {assignment!r}: the workflow has no node {node_id!r}",
                               f"nodes: {', '.join(list(prompt)[:30])}")
@@ -144,10 +205,36 @@ def parse_set(assignments: list[str], prompt: dict) -> None:
             value = raw
         if isinstance(value, list):
             value = {"__value__": value}
-        prompt[node_id].setdefault("inputs", {})[input_name] = value
+        node = prompt[node_id]
+        if registry is not None:
+            trial = {**node, "inputs": {**(node.get("inputs") or {}), input_name: value}}
+            known = declared_inputs(trial, registry)
+            spec = registry.get(node.get("class_type"))
+            if known is not None and spec.normalize_input_names({input_name: value}).keys() - set(known):
+                raise PromptError(
+                    "invalid_prompt",
+                    f"--set {assignment!r}: node {node_id} ({node.get('class_type')}) has no input {input_name!r}",
+                    f"its inputs: {', '.join(known) or '(none)'}",
+                    extra_info={"node_id": node_id, "class_type": node.get("class_type")})
+        node.setdefault("inputs", {})[input_name] = value
 
 
-def written_files(result: JobResult, paths: Paths) -> list[str]:
+def undeclared_input_warnings(prompt: dict, registry) -> list[str]:
+    """One line per input a prompt node sets that its class does not declare (tolerated, as ComfyUI does)."""
+    warnings = []
+    for node_id, node in prompt.items():
+        known = declared_inputs(node, registry)
+        if known is None or not isinstance(node.get("inputs"), dict):
+            continue
+        spec = registry.get(node["class_type"])
+        extra = [name for name in spec.normalize_input_names(dict(node["inputs"])) if name not in known]
+        if extra:
+            warnings.append(f"node {node_id} ({node['class_type']}): input(s) {', '.join(map(repr, extra))} are "
+                            f"not declared by the node and are ignored; its inputs: {', '.join(known) or '(none)'}")
+    return warnings
+
+
+def written_files(result, paths) -> list[str]:
     """Files the job's output nodes reported, as absolute paths."""
     files = []
     for ui in result.outputs.values():
@@ -196,24 +283,56 @@ class TerminalProgress:
 
 def _workflow_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("workflow", type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE")
+    parser.add_argument("workflow", type=Path,
+                        help="a workflow file: UI format (as the editor saves it) or API format (as /prompt takes it)")
+    parser.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
+                        help="override one input before checking, e.g. --set 3.seed=42 (repeatable; VALUE is read "
+                             "as JSON when it parses, else as text; the input must be one the node declares)")
     return parser
 
 
 def _validated_workflow(args: argparse.Namespace, runtime: Runtime):
     """Read, override (--set) and validate the workflow; PromptError when it cannot run."""
     prompt = load_workflow(args.workflow, runtime.registry)
-    parse_set(args.set, prompt)
+    parse_set(args.set, prompt, runtime.registry)
     return prompt, runtime.validate(prompt)
 
 
-def command_run(argv: list[str]) -> int:
-    parser = _workflow_parser("main.py run", "Run a workflow headless.")
-    parser.add_argument("--profile-json", type=Path, default=None)
+def run_parser() -> argparse.ArgumentParser:
+    """`main.py run`'s command line."""
+    parser = _workflow_parser("main.py run", "Run a workflow headless and print where its outputs went.")
+    parser.add_argument("--profile-json", type=Path, default=None, metavar="PATH",
+                        help="also write the per-node timing profile to PATH as JSON")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_common_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def validate_parser() -> argparse.ArgumentParser:
+    """`main.py validate`'s command line: only the flags that change what a check finds."""
+    parser = _workflow_parser("main.py validate", "Check a workflow without running it (creates and writes nothing).")
+    add_directory_arguments(parser, writes=False)
+    add_loop_limit_argument(parser)
+    from nodes import plugins
+
+    plugins.add_cli_arguments(parser)
+    return parser
+
+
+def server_parser() -> argparse.ArgumentParser:
+    """`main.py`'s command line (the server)."""
+    from web.flags import build_parser
+
+    return build_parser(add_common_arguments)
+
+
+def command_run(argv: list[str]) -> int:
+    args = run_parser().parse_args(argv)
+    try:
+        read_workflow_file(args.workflow)  # a missing or broken file is reported before any set-up
+    except PromptError as error:
+        print(json.dumps(error.to_json(), indent=None if args.json else 2))
+        return 2
     runtime = Runtime(args)
     try:
         prompt, validated = _validated_workflow(args, runtime)
@@ -231,6 +350,8 @@ def command_run(argv: list[str]) -> int:
         print(json.dumps({"prompt_id": prompt_id, "status": result.status, "outputs": result.outputs,
                           "files": files, "profile": result.profile, "error": result.error}, default=repr))
     else:
+        from execution.scheduler import print_profile_table
+
         print_profile_table(result, validated.prompt)
         if result.status != "success":
             print(json.dumps(result.error, indent=2, default=repr))
@@ -242,23 +363,28 @@ def command_run(argv: list[str]) -> int:
 
 
 def command_validate(argv: list[str]) -> int:
-    parser = _workflow_parser("main.py validate", "Check a workflow without running it.")
-    add_common_arguments(parser)
-    args = parser.parse_args(argv)
-    runtime = Runtime(args)
+    args = validate_parser().parse_args(argv)
     try:
-        _, validated = _validated_workflow(args, runtime)
+        read_workflow_file(args.workflow)  # a missing or broken file is reported before any set-up
+        runtime = Runtime(args, runs_jobs=False)
+        prompt, validated = _validated_workflow(args, runtime)
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=2))
         return 2
-    print(json.dumps({"valid": True, "outputs": validated.outputs, "node_errors": validated.node_errors}, indent=2))
+    warnings = undeclared_input_warnings(prompt, runtime.registry)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    print(json.dumps({"valid": True, "outputs": validated.outputs, "node_errors": validated.node_errors,
+                      "warnings": warnings}, indent=2))
     return 0
 
 
 def command_serve(argv: list[str]) -> int:
+    parser = server_parser()
+    args = parser.parse_args(argv)  # --help and usage errors end here, before the server is imported
     from web import server
 
-    return server.main(argv, add_common_arguments=add_common_arguments, runtime_factory=Runtime)
+    return server.serve(parser, args, runtime_factory=Runtime)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -299,6 +299,10 @@ class _NodeChecker:
                 if callable(folder):  # a file list names the folder it actually searched
                     folder = folder()
                 where = f" (searched folder: {folder})" if folder else ""
+                hint = getattr(inp, "missing_hint", None)
+                hint = hint() if callable(hint) else ""
+                if hint:
+                    where += f"; {hint}"
                 shown = choices if len(choices) <= 20 else choices[:20] + ["..."]
                 self.fail(node, node_error(
                     "value_not_in_list",

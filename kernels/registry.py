@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from kernels.options import FAST_OPTIONS  # defined torch-free for the command line
+
 ENV_VAR = "WEFT_KERNEL_BACKEND"
-FAST_OPTIONS = ("fp16_accumulation",)
 
 logger = logging.getLogger(__name__)
 

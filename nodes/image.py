@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import random
 import string
@@ -28,6 +29,8 @@ from PIL.PngImagePlugin import PngInfo
 from execution.context import current
 from execution.paths import UnsafePathError, atomic_write_bytes, confine, next_output_name
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
+
+logger = logging.getLogger(__name__)
 
 MAX_RESOLUTION = 16384  # ComfyUI's bound on width/height widgets
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -118,13 +121,34 @@ def output_target(kind: str, prefix: str, extension: str, *, width: int = 0, hei
     return next_output_name(folder, expand_prefix(prefix, width=width, height=height), extension)
 
 
-def file_metadata(prompt: Any, extra_pnginfo: Any) -> dict[str, Any]:
-    """The workflow/prompt metadata ComfyUI embeds in saved files: {key: JSON-able value}."""
+# The most bytes of JSON metadata (prompt, workflow, ...) embedded in one saved file: 1 MB. Without a
+# cap a 50 MB prompt made every 64x64 PNG 50 MB.
+MAX_EMBEDDED_METADATA_BYTES = 1_000_000
+
+
+def file_metadata(prompt: Any, extra_pnginfo: Any, *, limit: int = MAX_EMBEDDED_METADATA_BYTES) -> dict[str, Any]:
+    """The workflow/prompt metadata ComfyUI embeds in saved files: {key: JSON-able value}.
+
+    When the entries' JSON together exceeds `limit` bytes, the largest are dropped until the rest fit,
+    and a warning names what was dropped (the file itself is still saved)."""
     metadata: dict[str, Any] = {}
     if isinstance(extra_pnginfo, dict):
         metadata.update(extra_pnginfo)
     if prompt is not None:
         metadata["prompt"] = prompt
+    sizes = {key: len(json.dumps(value, default=str).encode("utf-8")) for key, value in metadata.items()}
+    total = sum(sizes.values())
+    dropped = []
+    for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        if total <= limit:
+            break
+        total -= sizes[key]
+        dropped.append(key)
+        del metadata[key]
+    if dropped:
+        logger.warning("saved file metadata: dropped %s (%s bytes of JSON) to stay under the %s-byte cap on "
+                       "embedded metadata", ", ".join(map(repr, dropped)), f"{sum(sizes[k] for k in dropped):,}",
+                       f"{limit:,}")
     return metadata
 
 

@@ -81,11 +81,28 @@ def model_cache() -> ModelCache:
     return current().runtime.setdefault("model_cache", ModelCache())
 
 
+# The model folders `python -m models.h3.make_tiny` fills (kept here: importing make_tiny imports torch models).
+TINY_MODEL_FOLDERS = ("diffusion_models", "vae", "text_encoders")
+
+
+def missing_model_hint(folder: str) -> str:
+    """How to fill `models/<folder>` when it holds no model file at all ("" when it holds some)."""
+    paths = current().paths
+    if paths.list_models(folder):
+        return ""
+    hint = f"models/{folder} holds no model file: put real checkpoint files (.safetensors) in {paths.models / folder}"
+    if folder in TINY_MODEL_FOLDERS:
+        hint += (f", or write Weft's tiny random test models with "
+                 f"`python -m models.h3.make_tiny --models-dir {paths.models}`")
+    return hint
+
+
 def _model_file(node: str, folder: str, name: str) -> Path:
     try:
         return current().paths.model_path(folder, name)
     except FileNotFoundError as exc:
-        raise ValueError(f"{node}: {exc}") from None
+        hint = missing_model_hint(folder)
+        raise ValueError(f"{node}: {exc}" + (f"; {hint}" if hint else "")) from None
 
 
 def _file_fingerprint(folder: str, input_name: str) -> Callable[..., Any]:
@@ -106,7 +123,7 @@ def _models_folder(folder: str) -> Callable[[], str]:
 
 def _model_choice(name: str, folder: str, tooltip: str) -> Any:
     return Input.combo(name, lambda: current().paths.list_models(folder), tooltip=tooltip,
-                       folder=_models_folder(folder))
+                       folder=_models_folder(folder), missing_hint=lambda: missing_model_hint(folder))
 
 
 def _load(node: str, path: Path, expect: tuple[str, ...]):

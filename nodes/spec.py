@@ -394,12 +394,15 @@ class Input:
     def combo(name: str, choices: Sequence[Any] | Callable[[], Sequence[Any]], default: Any = None, *,
               tooltip: str | None = None, optional: bool = False, lazy: bool | None = None,
               image_upload: bool | None = None, control_after_generate: bool | None = None,
-              folder: str | None = None) -> InputSpec:
+              folder: str | Callable[[], str] | None = None,
+              missing_hint: Callable[[], str] | None = None) -> InputSpec:
         opts = _opts(tooltip, default=default, lazy=lazy, image_upload=image_upload,
                      control_after_generate=control_after_generate)
         if folder:
-            # Not an editor option: remembered so a missing-file error can name the folder searched.
-            return _ComboInput(name, "COMBO", "optional" if optional else "required", opts, choices, folder=folder)
+            # Not editor options: remembered so a missing-file error can name the folder searched and
+            # say how to fill it (`missing_hint` returns that advice, or "" when there is none).
+            return _ComboInput(name, "COMBO", "optional" if optional else "required", opts, choices, folder=folder,
+                               missing_hint=missing_hint)
         return InputSpec(name, "COMBO", "optional" if optional else "required", opts, choices)
 
     @staticmethod
@@ -446,6 +449,7 @@ def _choices_computed(spec: InputSpec) -> bool:
 @dataclass(frozen=True)
 class _ComboInput(InputSpec):
     folder: Any = ""  # a folder name, or a function returning the folder searched
+    missing_hint: Any = None  # a function returning how to get the missing file, or "" when unknown
 
 
 def combo_folder(spec: InputSpec) -> str | None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,3 +82,71 @@ def test_ui_workflow_with_subgraphs_bypass_and_mute_runs_headless(tmp_path):
     assert saved["10:22"].startswith("linked-prefix_") and saved["11:22"].startswith("second_")
     assert report["outputs"]["4"]["text"] == ["200"]
     assert all(Path(f).is_file() for f in report["files"])
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["validate"]], ids=["server", "run", "validate"])
+def test_help_imports_neither_torch_nor_a_node_pack(command):
+    probe = ("import sys, main\n"
+             "try:\n    main.main(sys.argv[1:] + ['--help'])\nexcept SystemExit:\n    pass\n"
+             "from nodes import BUILTIN_PACKS\n"
+             "heavy = [m for m in ('torch', 'aiohttp', *BUILTIN_PACKS) if m in sys.modules]\n"
+             "print('HEAVY', heavy)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *command], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: main.py" in done.stdout and "HEAVY []" in done.stdout
+
+
+def test_every_flag_has_help_and_validate_lists_only_what_it_uses():
+    import main
+
+    parsers = {"server": main.server_parser(), "run": main.run_parser(), "validate": main.validate_parser()}
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            assert action.help, (name, action.option_strings or action.dest)
+    validate_flags = {flag for action in parsers["validate"]._actions for flag in action.option_strings}
+    assert {"--set", "--base-directory", "--input-directory", "--custom-nodes-directory"} <= validate_flags
+    for flag in ("--cache-ram", "--cache-none", "--vram-budget", "--lowvram", "--fast", "--disable-fused-kernels",
+                 "--output-directory", "--temp-directory", "--profile-json"):
+        assert flag not in validate_flags, flag
+
+
+def test_set_naming_an_undeclared_input_is_refused_with_the_node_inputs(tmp_path):
+    done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path, "--set", "2.nosuchinput=3")
+    assert done.returncode == 2
+    error = json.loads(done.stdout)["error"]
+    assert "'nosuchinput'" in error["message"] and "ImageScale" in error["message"]
+    assert "width" in error["details"] and "height" in error["details"]
+
+
+def test_validate_warns_about_a_workflow_files_undeclared_inputs(tmp_path):
+    prompt = json.loads((ROOT / "workflows" / "default.json").read_text())
+    prompt = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0,
+                                                           "colour": 3}},
+              "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}}}
+    path = tmp_path / "extra.json"
+    path.write_text(json.dumps(prompt))
+    done = run_cli("validate", path, "--base-directory", tmp_path / "base")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["valid"] and len(report["warnings"]) == 1 and "'colour'" in report["warnings"][0]
+    assert "warning:" in done.stderr and "'colour'" in done.stderr
+
+
+def test_validate_creates_nothing(tmp_path):
+    base = tmp_path / "base"
+    missing = run_cli("validate", tmp_path / "nope.json", "--base-directory", base)
+    assert missing.returncode == 2 and "does not exist" in missing.stdout
+    fine = run_cli("validate", "workflows/default.json", "--base-directory", base)
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    assert not base.exists()
+
+
+def test_loader_errors_on_an_empty_base_say_how_to_get_models(tmp_path):
+    done = run_cli("validate", "workflows/h3_t2va.json", "--base-directory", tmp_path)
+    assert done.returncode == 2
+    errors = json.loads(done.stdout)["node_errors"]
+    unet = errors["1"]["errors"][0]["message"]
+    models = tmp_path.resolve() / "models"
+    assert f"python -m models.h3.make_tiny --models-dir {models}" in unet
+    assert str(models / "diffusion_models") in unet

@@ -2,7 +2,7 @@
 
 The tiny weights are installed under the file names the templates use (and a tiny LoRA for their
 switched-off turbo branch); the converted prompts get small sizes, five frames and two steps, so each
-run takes seconds. The templates are read from the shared folder beside the repository.
+run takes seconds. The templates come from the `comfyui-workflow-templates-json` package (test extra).
 """
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ import pytest
 from PIL import Image
 
 from execution.convert import ui_to_api
+from tests.official_templates import R2V, T2V, official_template
 from tests.nodes.test_h3_nodes import (  # noqa: F401 (configured_paths is a fixture)
     H3Env, configured_paths, install, mp4_streams, tiny_weights, write_tiny_lora,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = ROOT / ".." / "shared" / "peer-workflows"
 DEFAULT_WORKFLOW = ROOT / "workflows" / "h3_t2va.json"
-T2V = TEMPLATES / "video_minimax_h3_t2v.json"
-R2V = TEMPLATES / "video_minimax_h3_r2v.json"
 TEMPLATE_NAMES = {
     "video_vae": "minimax_h3_video_vae_int8_convrot.safetensors",
     "audio_vae": "minimax_h3_audio_vae_fp32.safetensors",
@@ -47,10 +45,8 @@ def env(registry, tmp_path, tmp_path_factory, configured_paths) -> H3Env:
     return env
 
 
-def load_template(path: Path) -> dict:
-    if not path.is_file():
-        pytest.skip(f"official template {path.name} not found in {path.parent.resolve()}")
-    return json.loads(path.read_text(encoding="utf-8"))
+def load_template(name: str) -> dict:
+    return official_template(name)
 
 
 def nodes_of(prompt: dict, class_type: str) -> list[str]:

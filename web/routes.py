@@ -1,7 +1,7 @@
 """The protocol routes: prompts, the queue and history, the jobs interface, node and system information.
 
 Every route is registered bare and under `/api` (clients use bare paths, the editor `/api`). Shapes
-follow ComfyUI's; see /work/shared/PROTOCOL.md.
+follow ComfyUI's server (its HTTP routes and JSON bodies).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from web import files, routes
+from web.flags import build_parser  # noqa: F401 (the server's flags, torch- and aiohttp-free)
 from web.security import SecurityConfig, is_loopback_host, security_middleware
 from web.state import STATE_KEY, ServerConfig, ServerState
 
@@ -161,27 +162,6 @@ def security_from_args(args: argparse.Namespace, *, announce: Callable[[str], No
                           allowed_hosts=frozenset(allowed))
 
 
-def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
-    """The server's command line: ComfyUI's flags plus the common ones."""
-    parser = argparse.ArgumentParser(prog="main.py", description="Weft: the node editor server.")
-    parser.add_argument("--listen", type=str, default="127.0.0.1", nargs="?", const="0.0.0.0,::", metavar="IP",
-                        help="addresses to listen on, comma-separated (default 127.0.0.1; without a value: all)")
-    parser.add_argument("--port", type=int, default=8188)
-    parser.add_argument("--max-upload-size", type=float, default=100, metavar="MB",
-                        help="largest request body, in MB (default 100)")
-    parser.add_argument("--front-end-root", type=Path, default=None,
-                        help="serve another editor build from this folder instead of comfyui-frontend-package")
-    parser.add_argument("--token", type=str, default=None,
-                        help="access token clients must present (generated and printed when listening beyond loopback)")
-    parser.add_argument("--insecure-no-auth", action="store_true",
-                        help="listen beyond loopback without a token (anyone who can reach the port runs jobs)")
-    parser.add_argument("--allowed-hosts", type=str, default="",
-                        help="comma-separated host names the server may be reached by, beside loopback")
-    parser.add_argument("--history-size", type=int, default=10_000, help="finished jobs kept in the history")
-    add_common_arguments(parser)
-    return parser
-
-
 def config_from_args(args: argparse.Namespace, *, announce: Callable[[str], None] = print) -> ServerConfig:
     """The server configuration the parsed flags ask for."""
     if args.front_end_root is not None and not (Path(args.front_end_root) / "index.html").is_file():
@@ -213,7 +193,12 @@ def main(argv: list[str], *, add_common_arguments: Callable[[argparse.ArgumentPa
          runtime_factory: Callable[[argparse.Namespace], Any]) -> int:
     """`python main.py [flags]`: build the runtime and serve until interrupted."""
     parser = build_parser(add_common_arguments)
-    args = parser.parse_args(argv)
+    return serve(parser, parser.parse_args(argv), runtime_factory)
+
+
+def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
+          runtime_factory: Callable[[argparse.Namespace], Any]) -> int:
+    """Serve with flags already parsed by `parser` (used for its usage errors) until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.port < 0 or args.port > 65535:
         parser.error(f"--port {args.port} is not a port number")

@@ -14,9 +14,9 @@ from execution.convert import is_ui_workflow, ui_to_api
 from execution.errors import PromptError
 from nodes.registry import NodeRegistry
 from nodes.spec import Input, InputSpec, NodeSpec, Output
+from tests.official_templates import official_template
 
 HERE = Path(__file__).parent / "ui_workflows"
-TEMPLATES = Path("/work/shared/peer-workflows")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -193,10 +193,7 @@ def load(name: str) -> dict:
 
 
 def load_template(name: str) -> dict:
-    path = TEMPLATES / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return json.loads(path.read_text())
+    return official_template(name)
 
 
 def inputs_by_id(api: dict) -> dict:

@@ -144,6 +144,19 @@ def test_save_image_writes_numbered_pngs_with_metadata(ctx):
     assert again.ui["images"][0]["filename"] == "run_00003_.png"
 
 
+def test_save_image_drops_metadata_over_the_cap_and_says_so(ctx, caplog):
+    """A prompt bigger than the 1 MB cap is left out of the PNG (the small workflow stays); a warning says so."""
+    huge = {"1": {"class_type": "SaveImage", "inputs": {"note": "x" * (image_nodes.MAX_EMBEDDED_METADATA_BYTES + 10)}}}
+    with caplog.at_level("WARNING", logger="nodes.image"):
+        out = run("SaveImage", images=torch.zeros(1, 8, 8, 3), filename_prefix="big", prompt=huge,
+                  extra_pnginfo={"workflow": {"nodes": []}})
+    path = ctx.paths.output / out.ui["images"][0]["filename"]
+    assert path.stat().st_size < 100_000
+    with Image.open(path) as png:
+        assert "prompt" not in png.text and json.loads(png.text["workflow"]) == {"nodes": []}
+    assert any("'prompt'" in r.getMessage() and "cap" in r.getMessage() for r in caplog.records)
+
+
 def test_save_image_expands_size_tokens(ctx):
     out = run("SaveImage", images=torch.zeros(1, 3, 5, 3), filename_prefix="%width%x%height%")
     assert out.ui["images"][0]["filename"] == "5x3_00001_.png"

@@ -1,0 +1,18 @@
+"""The official MiniMax H3 templates, read from the `comfyui-workflow-templates-json` package (test extra).
+
+The package is pinned in requirements-test.txt, so a fresh clone's `make test` has it and no template
+test skips; a missing package is an error here, not a skip.
+"""
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+T2V = "video_minimax_h3_t2v.json"
+R2V = "video_minimax_h3_r2v.json"
+
+
+def official_template(name: str) -> dict:
+    """The parsed UI workflow `name` from the installed template package."""
+    folder = resources.files("comfyui_workflow_templates_json") / "templates"
+    return json.loads((folder / name).read_text(encoding="utf-8"))

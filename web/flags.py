@@ -1,0 +1,31 @@
+"""The server's command-line flags, importable without aiohttp or torch so `main.py --help` is instant."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+
+def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """The server's command line: ComfyUI's flags plus the common ones."""
+    parser = argparse.ArgumentParser(
+        prog="main.py", description="Weft: serve the node editor and its HTTP/websocket protocol.",
+        epilog="Other commands: `main.py run WORKFLOW.json` runs a workflow headless, `main.py validate "
+               "WORKFLOW.json` checks one without running it (each takes --help).")
+    parser.add_argument("--listen", type=str, default="127.0.0.1", nargs="?", const="0.0.0.0,::", metavar="IP",
+                        help="addresses to listen on, comma-separated (default 127.0.0.1; without a value: all)")
+    parser.add_argument("--port", type=int, default=8188, help="TCP port to listen on (default 8188; 0 picks a free one)")
+    parser.add_argument("--max-upload-size", type=float, default=100, metavar="MB",
+                        help="largest request body, in MB (default 100)")
+    parser.add_argument("--front-end-root", type=Path, default=None, metavar="DIR",
+                        help="serve another editor build from this folder instead of comfyui-frontend-package")
+    parser.add_argument("--token", type=str, default=None, metavar="TOKEN",
+                        help="access token clients must present (generated and printed when listening beyond loopback)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="listen beyond loopback without a token (anyone who can reach the port runs jobs)")
+    parser.add_argument("--allowed-hosts", type=str, default="", metavar="HOSTS",
+                        help="comma-separated host names the server may be reached by, beside loopback")
+    parser.add_argument("--history-size", type=int, default=10_000, metavar="N",
+                        help="finished jobs kept in the history (default 10000)")
+    add_common_arguments(parser)
+    return parser
