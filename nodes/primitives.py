@@ -53,10 +53,47 @@ _FUNCTIONS = {
 }
 _CONSTANTS = {"pi": math.pi, "e": math.e, "True": True, "False": False}
 _MAX_POWER = 10_000  # keeps 10**10**10 from freezing the process
+# Every intermediate result stays under these sizes, so no step of an expression can hold the
+# process for long: (9**9999)**2500 is refused before it is computed, not after a minute.
+MAX_INT_BITS = 4096
+MAX_SEQUENCE_LENGTH = 10_000
 
 
 class ExpressionError(ValueError):
     """An expression that is not valid arithmetic over the given names."""
+
+
+def _bits(value: Any) -> int:
+    return abs(value).bit_length() if isinstance(value, int) else 0
+
+
+def _check_operands(op: ast.operator, left: Any, right: Any, expression: str) -> None:
+    """Refuse a multiplication or power whose integer result would pass MAX_INT_BITS (before computing it)."""
+    if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0 \
+            and abs(left) > 1 and (_bits(left) - 1) * right > MAX_INT_BITS:
+        raise ExpressionError(f"{expression!r}: a power would have more than {MAX_INT_BITS} bits "
+                              f"(the limit on integer size)")
+    if isinstance(op, ast.Mult) and isinstance(left, int) and isinstance(right, int) \
+            and _bits(left) + _bits(right) - 1 > MAX_INT_BITS:
+        raise ExpressionError(f"{expression!r}: a product would have more than {MAX_INT_BITS} bits "
+                              f"(the limit on integer size)")
+    if isinstance(op, ast.Mult) and isinstance(left, (str, list, tuple)) != isinstance(right, (str, list, tuple)):
+        count = right if isinstance(left, (str, list, tuple)) else left
+        sequence = left if isinstance(left, (str, list, tuple)) else right
+        if isinstance(count, int) and len(sequence) * count > MAX_SEQUENCE_LENGTH:
+            raise ExpressionError(f"{expression!r}: a repeated sequence would be longer than "
+                                  f"{MAX_SEQUENCE_LENGTH} items (the limit on string and list length)")
+
+
+def _check_result(value: Any, expression: str) -> Any:
+    """Refuse an intermediate result over the size limits."""
+    if isinstance(value, int) and _bits(value) > MAX_INT_BITS:
+        raise ExpressionError(f"{expression!r}: an intermediate integer has more than {MAX_INT_BITS} bits "
+                              f"(the limit on integer size)")
+    if isinstance(value, (str, list, tuple)) and len(value) > MAX_SEQUENCE_LENGTH:
+        raise ExpressionError(f"{expression!r}: an intermediate value is longer than {MAX_SEQUENCE_LENGTH} "
+                              f"items (the limit on string and list length)")
+    return value
 
 
 def evaluate_expression(expression: str, names: dict[str, Any]) -> Any:
@@ -67,6 +104,9 @@ def evaluate_expression(expression: str, names: dict[str, Any]) -> Any:
         raise ExpressionError(f"expression {expression!r} is not valid: {exc.msg}") from None
 
     def walk(node: ast.AST) -> Any:
+        return _check_result(step(node), expression)
+
+    def step(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
             return walk(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
@@ -81,10 +121,13 @@ def evaluate_expression(expression: str, names: dict[str, Any]) -> Any:
             left, right = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > _MAX_POWER:
                 raise ExpressionError(f"exponent {right} too large in {expression!r}")
+            _check_operands(node.op, left, right, expression)
             try:
                 return _BINARY[type(node.op)](left, right)
             except ZeroDivisionError:
                 raise ExpressionError(f"division by zero in {expression!r}") from None
+            except OverflowError:
+                raise ExpressionError(f"{expression!r}: a result is too large for a float") from None
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](walk(node.operand))
         if isinstance(node, ast.BoolOp):
@@ -102,7 +145,13 @@ def evaluate_expression(expression: str, names: dict[str, Any]) -> Any:
             return walk(node.body) if walk(node.test) else walk(node.orelse)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS \
                 and not node.keywords:
-            return _FUNCTIONS[node.func.id](*[walk(a) for a in node.args])
+            arguments = [walk(a) for a in node.args]
+            if node.func.id == "pow" and len(arguments) == 2:
+                _check_operands(ast.Pow(), *arguments, expression)
+            try:
+                return _FUNCTIONS[node.func.id](*arguments)
+            except OverflowError:
+                raise ExpressionError(f"{expression!r}: a result is too large for a float") from None
         raise ExpressionError(f"unsupported syntax {type(node).__name__} in {expression!r}")
 
     return walk(tree)
