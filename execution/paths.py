@@ -5,6 +5,7 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MODEL_FOLDERS = (
     "checkpoints", "diffusion_models", "vae", "text_encoders", "loras", "embeddings", "upscale_models",
@@ -14,6 +15,26 @@ MODEL_EXTENSIONS = (".safetensors", ".sft")
 
 class UnsafePathError(ValueError):
     """A file name from outside that would leave its folder."""
+
+
+def unusable_character(name: str) -> str | None:
+    """The first character of `name` that has no place in a file name, or None.
+
+    Control characters (C0, DEL, C1), line and paragraph separators and lone surrogates cannot be
+    carried in an HTTP header (the file's Content-Disposition) nor written by every file system."""
+    for char in name:
+        code = ord(char)
+        if code < 0x20 or 0x7F <= code < 0xA0 or code in (0x2028, 0x2029) or 0xD800 <= code < 0xE000:
+            return char
+    return None
+
+
+def check_name_characters(name: str, what: str = "file name") -> None:
+    """Refuse a name holding a character `unusable_character` finds (UnsafePathError naming it)."""
+    bad = unusable_character(name)
+    if bad is not None:
+        raise UnsafePathError(f"{what} {name[:100]!r} contains the character {bad!r}, "
+                              "which a file name cannot hold")
 
 
 def confine(root: str | os.PathLike, name: str, *, subfolder: str = "") -> Path:
@@ -30,6 +51,7 @@ def confine(root: str | os.PathLike, name: str, *, subfolder: str = "") -> Path:
             raise UnsafePathError(f"file name must be a string, got {type(piece).__name__}")
         if "\x00" in piece:
             raise UnsafePathError(f"file name {piece!r} contains a NUL byte")
+        check_name_characters(piece)
         if "\\" in piece:
             raise UnsafePathError(f"file name {piece!r} contains a backslash")
         if piece.startswith("/") or (len(piece) > 1 and piece[1] == ":"):
@@ -106,8 +128,12 @@ class Paths:
             if path.is_file():
                 return path
         raise FileNotFoundError(
-            f"model file {name!r} not found in {', '.join(str(r) for r in self.model_dirs(folder))}"
+            f"model file {name!r} not found in {', '.join(self.shown(r) for r in self.model_dirs(folder))}"
         )
+
+    def shown(self, path: str | os.PathLike) -> str:
+        """`path` as messages show it: relative to the base folder when inside it (no server paths leak)."""
+        return shown_path(path, self.base)
 
     def list_files(self, kind: str, *, suffixes: tuple[str, ...] | None = None) -> list[str]:
         root = self.folder(kind)
@@ -120,6 +146,27 @@ class Paths:
         return out
 
 
+def shown_path(path: str | os.PathLike, base: str | os.PathLike) -> str:
+    """`path` relative to `base` when it lies inside, else its last two components."""
+    resolved = Path(path)
+    try:
+        return resolved.relative_to(Path(base)).as_posix() or "."
+    except ValueError:
+        return Path(*resolved.parts[-2:]).as_posix() if len(resolved.parts) > 1 else resolved.as_posix()
+
+
+def scrub_base(value: Any, base: str | os.PathLike) -> Any:
+    """`value` (strings inside dicts and lists too) with the base folder's absolute path removed."""
+    prefix = str(base).rstrip(os.sep) + os.sep
+    if isinstance(value, str):
+        return value.replace(prefix, "") if prefix in value else value
+    if isinstance(value, dict):
+        return {k: scrub_base(v, base) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub_base(v, base) for v in value)
+    return value
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name beside `path`, then rename: a crash never leaves half a file."""
     tmp = path.with_name(f".{path.name}.part")
@@ -130,10 +177,74 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+STAGING_PREFIX = ".weft-staged-"  # an unfinished job attempt's output: `.weft-staged-<final name>`
+
+
+class OutputStaging:
+    """The files one job attempt writes, kept under staging names until the attempt ends.
+
+    A job cut short (its process killed) leaves only staging names behind, which `sweep_staged`
+    removes before the retry; so a retried job's outputs exist once, under its final names."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[Path, Path]] = []  # (staging path, final path)
+
+    def stage(self, final: Path) -> Path:
+        """The path to write instead of `final` during the attempt."""
+        staged = final.with_name(STAGING_PREFIX + final.name)
+        self.files.append((staged, final))
+        return staged
+
+    def commit(self) -> None:
+        """Give every file written under a staging name its final name."""
+        for staged, final in self.files:
+            if staged.exists():
+                os.replace(staged, final)
+        self.files.clear()
+
+    def discard(self) -> None:
+        """Remove the attempt's files (it will run again)."""
+        for staged, _ in self.files:
+            staged.unlink(missing_ok=True)
+        self.files.clear()
+
+
+_staging: list[OutputStaging] = []  # the attempt running in this process (jobs run one at a time)
+
+
+def begin_staging() -> OutputStaging:
+    """Stage the outputs `next_output_name` hands out from now until `end_staging`."""
+    staging = OutputStaging()
+    _staging[:] = [staging]
+    return staging
+
+
+def end_staging(*, commit: bool) -> None:
+    """Commit (or discard) the current attempt's staged outputs and stop staging."""
+    if _staging:
+        staging = _staging.pop()
+        staging.commit() if commit else staging.discard()
+
+
+def sweep_staged(*folders: Path) -> int:
+    """Remove outputs of attempts that never ended (a killed process left them); returns how many."""
+    removed = 0
+    for folder in folders:
+        if not Path(folder).is_dir():
+            continue
+        for path in Path(folder).rglob(STAGING_PREFIX + "*"):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
 def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, str, str]:
     """ComfyUI's numbering: `<prefix>_00001_.<ext>` after the highest existing counter.
 
-    Returns (full path, file name, subfolder relative to the output root)."""
+    Returns (path to write, file name, subfolder relative to the output root). While a job attempt
+    stages its outputs, the path to write is the staging name of that file name."""
+    check_name_characters(prefix, "file name prefix")
     prefix_path = Path(prefix)
     sub = prefix_path.parent.as_posix() if prefix_path.parent != Path(".") else ""
     target_dir = confine(folder, sub) if sub else folder.resolve()
@@ -141,9 +252,14 @@ def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, s
     stem = prefix_path.name or "weft"
     highest = 0
     # Escaped: a prefix such as "shot[1]" must not act as a pattern (it would restart at 1 and overwrite).
-    for existing in target_dir.glob(f"{glob.escape(stem)}_*_.{extension}"):
-        middle = existing.name[len(stem) + 1:-(len(extension) + 2)]
+    pattern = f"{glob.escape(stem)}_*_.{extension}"
+    for existing in [*target_dir.glob(pattern), *target_dir.glob(glob.escape(STAGING_PREFIX) + pattern)]:
+        name = existing.name[len(STAGING_PREFIX):] if existing.name.startswith(STAGING_PREFIX) else existing.name
+        middle = name[len(stem) + 1:-(len(extension) + 2)]
         if middle.isdigit():
             highest = max(highest, int(middle))
     name = f"{stem}_{highest + 1:05d}_.{extension}"
-    return target_dir / name, name, sub
+    path = target_dir / name
+    if _staging:
+        path = _staging[0].stage(path)
+    return path, name, sub

@@ -39,3 +39,38 @@ def test_output_numbering_continues(tmp_path):
     assert (name, name2, sub) == ("shot_00001_.png", "shot_00002_.png", "run")
     with pytest.raises(UnsafePathError):
         next_output_name(tmp_path, "../escape/shot", "png")
+
+
+@pytest.mark.parametrize("name", ["a\x01b.png", "line\nbreak.png", "tab\there.png", "del\x7f.png", "c1\x85.png",
+                                  "sep\u2028.png", "sub\x1b[31m/x.png"])
+def test_names_with_control_characters_are_refused(tmp_path, name):
+    with pytest.raises(UnsafePathError, match="cannot hold"):
+        confine(tmp_path, name)
+    with pytest.raises(UnsafePathError, match="cannot hold"):
+        confine(tmp_path, "ok.png", subfolder=name)
+    with pytest.raises(UnsafePathError, match="cannot hold"):
+        next_output_name(tmp_path, name, "png")
+    assert confine(tmp_path, "caf\u00e9 \u65e5\u672c.png").name == "caf\u00e9 \u65e5\u672c.png"
+
+
+def test_staged_outputs_are_numbered_with_the_others_and_appear_only_when_committed(tmp_path):
+    from execution.paths import STAGING_PREFIX, begin_staging, end_staging, sweep_staged
+
+    (tmp_path / "shot_00001_.png").write_bytes(b"old")
+    begin_staging()
+    path, name, _ = next_output_name(tmp_path, "shot", "png")
+    assert name == "shot_00002_.png" and path.name == STAGING_PREFIX + name
+    path.write_bytes(b"new")
+    second, name2, _ = next_output_name(tmp_path, "shot", "png")  # counts the staged file
+    assert name2 == "shot_00003_.png"
+    second.write_bytes(b"new")
+    assert not (tmp_path / name).exists()
+    end_staging(commit=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shot_00001_.png", "shot_00002_.png", "shot_00003_.png"]
+    # An attempt cut short leaves staging names only; the sweep removes them and the numbering goes on.
+    begin_staging()
+    left, _, _ = next_output_name(tmp_path, "shot", "png")
+    left.write_bytes(b"half")
+    assert sweep_staged(tmp_path) == 1
+    end_staging(commit=True)
+    assert next_output_name(tmp_path, "shot", "png")[1] == "shot_00004_.png"
