@@ -194,11 +194,28 @@ def _frame_alpha(frame: Image.Image) -> np.ndarray | None:
     return None
 
 
+MAX_DECODE_PIXELS = 64_000_000  # pixels over all frames of one image file (as the server's upload cap)
+MAX_DECODE_FRAMES = 1024  # frames of one animated image file
+
+
+def check_decode_size(img: Image.Image, name: str) -> None:
+    """Refuse an image whose frames together exceed the pixel or frame caps, before decoding any."""
+    frames = 1 if img.format == "MPO" else int(getattr(img, "n_frames", 1) or 1)
+    width, height = img.size
+    if frames > MAX_DECODE_FRAMES:
+        raise ValueError(f"image file {name!r} has {frames} frames; at most {MAX_DECODE_FRAMES} are decoded")
+    if width * height * frames > MAX_DECODE_PIXELS:
+        raise ValueError(f"image file {name!r} holds {frames} frame(s) of {width}x{height} pixels, over the "
+                         f"limit of {MAX_DECODE_PIXELS // 1_000_000} MP over all frames")
+
+
 def load_image_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode an image file (every frame of the first frame's size) to (IMAGE, MASK).
 
-    The mask is 1 - alpha; without alpha it is ComfyUI's zero 64x64 mask per frame."""
+    The mask is 1 - alpha; without alpha it is ComfyUI's zero 64x64 mask per frame. The pixels of
+    all frames together are checked against the caps before anything is decoded."""
     with Image.open(path) as img:
+        check_decode_size(img, path.name)
         frames, alphas = [], []
         size = None
         # Multi-picture JPEGs (MPO) hold a preview picture, not animation frames.
@@ -274,7 +291,7 @@ def _load_image(image: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise FileNotFoundError(f"LoadImage: image file {image!r} not found (searched folder: {annotated_folder(image)})")
     try:
         return load_image_file(path)
-    except (OSError, Image.DecompressionBombError) as exc:  # not an image, truncated, or absurdly large
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # not an image, truncated, or too large
         raise ValueError(f"LoadImage: cannot read image file {image!r}: {exc}") from exc
 
 

@@ -20,8 +20,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from execution.paths import UnsafePathError, atomic_write_bytes, confine
-from web.security import json_error
+from execution.paths import UnsafePathError, atomic_write_bytes, check_name_characters, confine
+from web.security import JsonTooDeep, json_error, loads_bounded
 from web.state import STATE_KEY, ServerState
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ INLINE_TYPES = frozenset({
     "audio/flac", "audio/x-flac", "audio/ogg", "audio/opus", "audio/mp4", "audio/aac", "audio/webm",
     "text/plain", "application/json", "model/gltf-binary",
 })
+MAX_FRAMES = 1024  # frames of one animated image (their pixels count together against max_pixels)
 UPLOAD_FIELD_LIMIT = 64 * 1024  # bytes for a form field other than the file
 CHUNK = 256 * 1024
 
@@ -73,13 +74,17 @@ def check_image_pixels(path: Path, *, max_edge: int, max_pixels: int) -> tuple[i
     try:
         with Image.open(path) as image:
             width, height = image.size
+            frames = 1 if image.format == "MPO" else int(getattr(image, "n_frames", 1) or 1)
     except Image.DecompressionBombError as exc:
         raise PixelLimitError(str(exc)) from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
         return None
-    if width > max_edge or height > max_edge or width * height > max_pixels:
-        raise PixelLimitError(f"image of {width}x{height} pixels is over the limit ({max_edge} per edge, "
-                              f"{max_pixels // 1_000_000} MP)")
+    if frames > MAX_FRAMES:
+        raise PixelLimitError(f"image of {frames} frames is over the limit of {MAX_FRAMES} frames")
+    if width > max_edge or height > max_edge or width * height * frames > max_pixels:
+        shown = f"{frames} frames of {width}x{height}" if frames > 1 else f"{width}x{height}"
+        raise PixelLimitError(f"image of {shown} pixels is over the limit ({max_edge} per edge, "
+                              f"{max_pixels // 1_000_000} MP over all frames)")
     return width, height
 
 
@@ -179,10 +184,27 @@ async def get_view(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- uploads
-async def _read_small(part) -> str:
+UPLOAD_SPOOL = ".uploads"  # under temp/: uploads being received (swept at start-up)
+
+
+class _BodyBudget:
+    """Counts every byte of a request body as the multipart reader takes it, however the body is framed."""
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self.content = request.content
+        self.limit = limit
+
+    def check(self) -> None:
+        received = self.content.total_bytes
+        if received > self.limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.limit, actual_size=received)
+
+
+async def _read_small(part, budget: _BodyBudget) -> str:
     data = bytearray()
     while True:
         chunk = await part.read_chunk(8192)
+        budget.check()
         if not chunk:
             break
         data += chunk
@@ -191,47 +213,71 @@ async def _read_small(part) -> str:
     return data.decode("utf-8", "replace")
 
 
+async def _skip_part(part, budget: _BodyBudget) -> None:
+    while await part.read_chunk(CHUNK):
+        budget.check()
+    budget.check()
+
+
+def sweep_upload_spool(state: ServerState) -> int:
+    """Remove uploads a stopped server left half received; returns how many."""
+    spool = Path(state.paths.temp) / UPLOAD_SPOOL
+    removed = 0
+    if spool.is_dir():
+        for path in spool.iterdir():
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
 async def _read_upload(request: web.Request, file_fields: tuple[str, ...]) -> tuple[dict[str, str], dict[str, tuple[str, Path]]]:
-    """Stream a multipart form: small fields as text, files into temporary files under temp/."""
+    """Stream a multipart form: small fields as text, files into temporary files under temp/.
+
+    The size limit counts every byte of the body (fields, headers, parts skipped); whatever goes
+    wrong (a limit, a malformed or nested part, the client leaving), no temporary file stays."""
+    from aiohttp import BodyPartReader
+
     state = state_of(request)
-    limit = state.config.security.max_body_bytes
+    budget = _BodyBudget(request, state.config.security.max_body_bytes)
     if not request.content_type.startswith("multipart/"):
         raise web.HTTPBadRequest(text="expected a multipart/form-data body")
-    spool = Path(state.paths.temp) / ".uploads"
+    spool = Path(state.paths.temp) / UPLOAD_SPOOL
     spool.mkdir(parents=True, exist_ok=True)
     fields: dict[str, str] = {}
     files: dict[str, tuple[str, Path]] = {}
-    total = 0
     try:
         reader = await request.multipart()
         while True:
             part = await reader.next()
+            budget.check()
             if part is None:
                 break
+            if not isinstance(part, BodyPartReader):
+                raise web.HTTPBadRequest(text="a form part may not itself be multipart")
             if part.name in file_fields and part.filename is not None and part.name not in files:
+                check_name_characters(part.filename, "uploaded file name")
                 temp = spool / f"{uuid.uuid4().hex}.part"
                 files[part.name] = (part.filename, temp)
                 with open(temp, "wb") as handle:
                     while True:
                         chunk = await part.read_chunk(CHUNK)
+                        budget.check()
                         if not chunk:
                             break
-                        total += len(chunk)
-                        if total > limit:
-                            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=total)
                         handle.write(chunk)
             elif part.name:
-                fields[part.name] = await _read_small(part)
+                fields[part.name] = await _read_small(part, budget)
             else:
-                await part.release()
-    except (web.HTTPException, asyncio.CancelledError):
+                await _skip_part(part, budget)
+    except BaseException as exc:
         for _, temp in files.values():
             temp.unlink(missing_ok=True)
+        if isinstance(exc, UnsafePathError):
+            raise web.HTTPBadRequest(text=str(exc)[:300]) from None
+        if isinstance(exc, (ValueError, AssertionError, RuntimeError, HttpProcessingError)):  # a malformed body
+            raise web.HTTPBadRequest(text=f"malformed multipart body: {exc}"[:300]) from None
         raise
-    except (ValueError, AssertionError, RuntimeError, HttpProcessingError) as exc:  # a malformed multipart body
-        for _, temp in files.values():
-            temp.unlink(missing_ok=True)
-        raise web.HTTPBadRequest(text=f"malformed multipart body: {exc}"[:300]) from None
     return fields, files
 
 
@@ -319,7 +365,9 @@ async def post_upload_mask(request: web.Request) -> web.Response:
     config = state.config
     try:
         try:
-            ref = json.loads(fields.get("original_ref", ""))
+            ref = loads_bounded(fields.get("original_ref", ""))
+        except JsonTooDeep as exc:
+            return _bad(f"'original_ref' is {exc}")
         except ValueError:
             return _bad("'original_ref' must be JSON {filename, subfolder, type}")
         if not isinstance(ref, dict) or not isinstance(ref.get("filename"), str):

@@ -20,7 +20,7 @@ from execution.errors import PromptError
 from execution.jobs import API_TO_STORE, Job, workflow_id_of
 from execution.paths import MODEL_FOLDERS, UnsafePathError
 from web.files import refuses_os_errors
-from web.security import json_error
+from web.security import JsonTooDeep, json_error, loads_bounded
 from web.state import STATE_KEY, WEFT_VERSION, ServerState
 
 logger = logging.getLogger(__name__)
@@ -486,11 +486,23 @@ async def get_view_metadata(request: web.Request) -> web.Response:
             size = int.from_bytes(handle.read(8), "little")
             if size <= 0 or size > 100 * 2**20:
                 raise ValueError(f"header length {size} is not plausible")
-            header = json.loads(handle.read(size))
+            raw = handle.read(size)
     except (OSError, ValueError) as exc:
         return json_error(404, f"{filename[:100]!r} is not a readable safetensors file: {exc}"[:300],
                           error_type="not_found")
-    return web.json_response(header.get("__metadata__") or {})
+    try:
+        header = loads_bounded(raw)
+    except JsonTooDeep as exc:
+        return json_error(400, f"{filename[:100]!r}: the safetensors header is {exc}")
+    except ValueError as exc:
+        return json_error(400, f"{filename[:100]!r}: the safetensors header is not valid JSON: {exc}"[:300])
+    if not isinstance(header, dict):
+        return json_error(400, f"{filename[:100]!r}: the safetensors header is a JSON {type(header).__name__}, "
+                               "not an object")
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        return json_error(400, f"{filename[:100]!r}: the header's __metadata__ is not a JSON object")
+    return web.json_response(metadata)
 
 
 async def get_folder_paths(request: web.Request) -> web.Response:

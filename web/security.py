@@ -18,6 +18,7 @@ import json
 import logging
 from base64 import b64decode
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -163,11 +164,43 @@ def security_middleware(config: SecurityConfig):
                                     "or open the editor once with ?token=TOKEN)")
         response = await handler(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        # Only this server's own pages may frame the editor (older browsers send no Sec-Fetch-* headers).
+        response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+        csp = response.headers.get("Content-Security-Policy")
+        if csp is None:
+            response.headers["Content-Security-Policy"] = "frame-ancestors 'self'"
+        elif "frame-ancestors" not in csp:
+            response.headers["Content-Security-Policy"] = csp.rstrip("; ") + "; frame-ancestors 'self'"
         if config.token is not None and "token" in request.query and request.cookies.get(TOKEN_COOKIE) != config.token:
             response.set_cookie(TOKEN_COOKIE, config.token, httponly=True, samesite="Strict", path="/")
         return response
 
     return middleware
+
+
+MAX_JSON_DEPTH = 64  # nesting of JSON a request field or a model header may have
+
+
+class JsonTooDeep(ValueError):
+    """JSON nested more deeply than the server accepts."""
+
+
+def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads, refusing (JsonTooDeep) a value nested more than `max_depth` levels deep."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonTooDeep(f"JSON nested more than {max_depth} levels deep") from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > max_depth:
+                    raise JsonTooDeep(f"JSON nested more than {max_depth} levels deep")
+                stack.append((child, depth + 1))
+    return value
 
 
 def json_error(status: int, message: str, *, error_type: str = "invalid_request", details: str = "") -> web.Response:

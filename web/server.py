@@ -48,6 +48,7 @@ def create_app(runtime: Any, config: ServerConfig) -> web.Application:
     """The application for `runtime` (paths, registry, events, executor, validate)."""
     state = ServerState(runtime, config)
     files.ensure_user_folder(state)
+    files.sweep_upload_spool(state)  # uploads a stopped server was receiving
     # client_max_size caps a body without Content-Length while it is read; the middleware refuses a
     # declared oversize body before reading it.
     app = web.Application(client_max_size=config.security.max_body_bytes,

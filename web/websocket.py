@@ -7,7 +7,9 @@ to every job (a job without a client id goes to everyone, as in ComfyUI).
 
 Each client has its own queue and sender task, so a slow client never slows the others. The queue is
 bounded in frames and bytes: previews are dropped first (a newer one follows anyway); a client whose
-queue is still full of frames it must not lose has stopped reading and is disconnected.
+queue is still over the bound with frames it must not lose is disconnected once it has stopped reading
+(no frame sent for `stall_s` seconds), or at once past `HARD_LIMIT_FACTOR` times the bound. A burst
+queued at once for a client that is reading (a large batch of events) is delivered, not punished.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 import logging
 import struct
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,6 +39,8 @@ MAX_QUEUE_FRAMES = 8192  # frames waiting for one client before it counts as not
 MAX_QUEUE_BYTES = 16 * 2**20  # bytes waiting for one client
 PREVIEW_BACKLOG = 8  # a new preview is dropped when this many frames already wait
 SEND_TIMEOUT_S = 30.0  # a single send blocked this long means the client stopped reading
+STALL_S = 5.0  # over the bound and no frame sent for this long: the client stopped reading
+HARD_LIMIT_FACTOR = 8  # over this many times the bound, a client is dropped even while it reads
 PREVIEW_MAX_EDGE = 512  # previews are shrunk to this many pixels on their longer edge
 TERMINAL_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
@@ -67,16 +72,19 @@ class Client:
     closed: bool = False
     dropped_previews: int = 0
     task: asyncio.Task | None = None
+    progress_at: float = 0.0  # monotonic time of the last frame sent, or of the queue filling from empty
 
 
 class Hub:
     """Connected clients by sid; routes frames and keeps each client's queue bounded. Loop-only."""
 
     def __init__(self, *, max_frames: int = MAX_QUEUE_FRAMES, max_bytes: int = MAX_QUEUE_BYTES,
-                 preview_backlog: int = PREVIEW_BACKLOG, send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+                 preview_backlog: int = PREVIEW_BACKLOG, send_timeout_s: float = SEND_TIMEOUT_S,
+                 stall_s: float = STALL_S) -> None:
         self.clients: dict[str, Client] = {}
         self.max_frames = max_frames
         self.max_bytes = max_bytes
+        self.stall_s = stall_s
         self.preview_backlog = preview_backlog
         self.send_timeout_s = send_timeout_s
         self.disconnected_slow = 0  # clients dropped for not reading (for tests and the benchmark)
@@ -118,17 +126,23 @@ class Hub:
         if frame.droppable and len(client.queue) >= self.preview_backlog:
             client.dropped_previews += 1
             return
+        if not client.queue:
+            client.progress_at = time.monotonic()  # nothing was waiting: the client is not behind
         client.queue.append(frame)
         client.queued_bytes += frame.size
-        if len(client.queue) > self.max_frames or client.queued_bytes > self.max_bytes:
+        if self._over(client, 1):
             self._drop_previews(client)
-        if len(client.queue) > self.max_frames or client.queued_bytes > self.max_bytes:
+        if self._over(client, 1) and (self._over(client, HARD_LIMIT_FACTOR)
+                                      or time.monotonic() - client.progress_at > self.stall_s):
             logger.warning("websocket client %s stopped reading (%d frames, %d bytes waiting): disconnecting",
                            client.sid, len(client.queue), client.queued_bytes)
             self.disconnected_slow += 1
             self._close(client)
             return
         client.wakeup.set()
+
+    def _over(self, client: Client, factor: int) -> bool:
+        return len(client.queue) > factor * self.max_frames or client.queued_bytes > factor * self.max_bytes
 
     def _drop_previews(self, client: Client) -> None:
         kept = deque(f for f in client.queue if not f.droppable)
@@ -157,6 +171,7 @@ class Hub:
                 client.queued_bytes -= frame.size
                 send = ws.send_str(frame.payload) if isinstance(frame.payload, str) else ws.send_bytes(frame.payload)
                 await asyncio.wait_for(send, self.send_timeout_s)
+                client.progress_at = time.monotonic()
         except asyncio.TimeoutError:
             logger.warning("websocket client %s blocked a send for %ss: disconnecting", client.sid,
                            self.send_timeout_s)

@@ -61,6 +61,22 @@ def test_load_image_animated_gif_frames_and_16_bit_png(ctx):
     assert torch.allclose(image, torch.full_like(image, (65535 // 2) / 65535), atol=1e-4)
 
 
+def test_load_image_counts_pixels_over_all_frames_before_decoding(ctx, monkeypatch):
+    # The attack: a few KB of GIF holding 80 frames of 1000x1000 (80 MP decoded, about 1 GB as floats).
+    frames = [Image.new("P", (1000, 1000), v % 2) for v in range(80)]
+    frames[0].save(ctx.paths.input / "bomb.gif", save_all=True, append_images=frames[1:])
+    assert (ctx.paths.input / "bomb.gif").stat().st_size < 200_000
+    decoded = []
+    monkeypatch.setattr(image_nodes, "_frame_rgb", lambda frame: decoded.append(frame) or None)
+    with pytest.raises(ValueError, match=r"LoadImage: .*'bomb.gif'.*80 frame\(s\) of 1000x1000.*64 MP"):
+        run("LoadImage", image="bomb.gif")
+    assert decoded == []  # refused before any frame was decoded
+    monkeypatch.setattr(image_nodes, "MAX_DECODE_FRAMES", 50)
+    monkeypatch.setattr(image_nodes, "MAX_DECODE_PIXELS", 10**12)
+    with pytest.raises(ValueError, match="has 80 frames; at most 50"):
+        run("LoadImage", image="bomb.gif")
+
+
 def test_load_image_annotated_output_and_subfolder(ctx):
     write_rgba(ctx.paths.output / "made.png", seed=1)
     write_rgba(ctx.paths.input / "sub" / "deep.png", seed=2)
@@ -175,6 +191,13 @@ def test_save_image_refuses_prefix_leaving_output_folder(ctx, tmp_path, prefix):
     with pytest.raises(UnsafePathError):
         run("SaveImage", images=torch.zeros(1, 2, 2, 3), filename_prefix=prefix)
     assert not list(tmp_path.glob("escape*"))
+
+
+@pytest.mark.parametrize("prefix", ["bell\x07", "two\nlines", "sub\x1b/shot"])
+def test_save_image_refuses_control_characters_in_prefix(ctx, prefix):
+    with pytest.raises(UnsafePathError, match="cannot hold"):
+        run("SaveImage", images=torch.zeros(1, 2, 2, 3), filename_prefix=prefix)
+    assert not list(ctx.paths.output.rglob("*.png"))
 
 
 def test_save_image_refuses_non_image(ctx):

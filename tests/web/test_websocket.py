@@ -160,7 +160,7 @@ class _StuckSocket:
 
 def test_send_queue_drops_previews_first_then_disconnects_a_non_reader():
     async def scenario():
-        hub = Hub(max_frames=10, max_bytes=10_000, preview_backlog=4)
+        hub = Hub(max_frames=10, max_bytes=10_000, preview_backlog=4, stall_s=0.05)
         client = Client("slow", _StuckSocket())
         hub.clients["slow"] = client
         for index in range(3):
@@ -172,7 +172,10 @@ def test_send_queue_drops_previews_first_then_disconnects_a_non_reader():
             hub.enqueue(client, Frame(f"event {index}"))
         # Full: the preview went first, every event is still there.
         assert [f.payload for f in client.queue] == [f"event {i}" for i in range(10)] and not client.closed
-        hub.enqueue(client, Frame("event 10"))
+        hub.enqueue(client, Frame("event 10"))  # over the bound, but queued in one burst: kept for now
+        assert not client.closed
+        await asyncio.sleep(0.1)  # nothing was read meanwhile
+        hub.enqueue(client, Frame("event 11"))
         await asyncio.sleep(0)
         assert client.closed and "slow" not in hub.clients and hub.disconnected_slow == 1
         assert client.ws.closed_with == 1008
@@ -181,13 +184,40 @@ def test_send_queue_drops_previews_first_then_disconnects_a_non_reader():
 
 def test_byte_bound_disconnects_a_client_buried_in_large_frames():
     async def scenario():
-        hub = Hub(max_frames=1000, max_bytes=1000, preview_backlog=100)
+        hub = Hub(max_frames=1000, max_bytes=1000, preview_backlog=100, stall_s=0.05)
         client = Client("big", _StuckSocket())
         hub.clients["big"] = client
         hub.enqueue(client, Frame("x" * 600))
-        assert not client.closed
         hub.enqueue(client, Frame("y" * 600))
+        assert not client.closed
+        await asyncio.sleep(0.1)
+        hub.enqueue(client, Frame("z" * 600))
         assert client.closed
+        # Far past the bound, a client is dropped at once, reading or not.
+        other = Client("buried", _StuckSocket())
+        hub.clients["buried"] = other
+        for _ in range(20):
+            hub.enqueue(other, Frame("w" * 600))
+        assert other.closed
+    asyncio.run(scenario())
+
+
+def test_a_reading_client_gets_a_burst_larger_than_its_bound(light_server):
+    """The attack: about 17 MB of events queued in one batch for a client that reads (bound: 16 MB)."""
+    async def scenario():
+        hub = light_server.state.hub
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(light_server.url + "/ws?clientId=burst-reader", max_msg_size=0) as ws:
+                await ws.receive_json(timeout=10)  # status
+                frames = [("json", json.dumps({"type": "progress", "data": {"i": i, "pad": "p" * 4000}}))
+                          for i in range(hub.max_bytes // 4000 + 200)]
+                light_server.loop.call_soon_threadsafe(hub.deliver, frames, "burst-reader")
+                received = 0
+                while received < len(frames):
+                    message = await ws.receive(timeout=30)
+                    assert message.type == aiohttp.WSMsgType.TEXT, message
+                    received += 1
+                assert received == len(frames)
     asyncio.run(scenario())
 
 
