@@ -857,12 +857,48 @@ def add_routes(table: list[tuple[str, str, Any]]) -> None:
         ("GET", "/userdata/{file}", get_userdata), ("POST", "/userdata/{file}", post_userdata),
         ("DELETE", "/userdata/{file}", delete_userdata), ("POST", "/userdata/{file}/move/{dest}", move_userdata),
         ("GET", "/extensions", get_extensions),
+        ("GET", "/internal/files/{kind}", get_internal_files),
     ])
+
+
+async def get_template_logos(request: web.Request) -> web.Response:
+    """The template browser's logo index ({provider: image path}); Weft's templates show no logos."""
+    return web.json_response({})
+
+
+async def get_template_index_localized(request: web.Request) -> web.StreamResponse:
+    """`index.<locale>.json`: Weft's template titles are not translated, so every locale gets the one index."""
+    return await get_template_index(request)
+
+
+async def get_internal_files(request: web.Request) -> web.Response:
+    """The assets panel's file list of one folder (input, output or temp): relative names, newest first."""
+    state = state_of(request)
+    kind = request.match_info["kind"]
+    try:
+        root = state.paths.folder(kind)
+    except UnsafePathError as exc:
+        return _bad(str(exc)[:300])
+
+    def newest_first() -> list[str]:
+        names = state.paths.list_files(kind)
+        stamps = {}
+        for name in names:
+            try:
+                stamps[name] = (root / name).stat().st_mtime_ns
+            except OSError:
+                stamps[name] = 0
+        return sorted(names, key=lambda name: (-stamps[name], name))
+
+    return web.json_response(await asyncio.get_running_loop().run_in_executor(None, newest_first))
 
 
 def add_unprefixed_routes(app: web.Application) -> None:
     """Routes without an /api twin: templates, and the editor's static files (last: it matches everything)."""
     app.router.add_get("/templates/index.json", get_template_index)
+    app.router.add_get("/templates/index_logo.json", get_template_logos)
+    app.router.add_get(r"/templates/index.{locale:[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?}.json",
+                       get_template_index_localized)
     app.router.add_get("/templates/{name}", get_template_file)
     app.router.add_get("/{tail:.*}", get_static)
 

@@ -44,6 +44,24 @@ async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
     return await state.hub.handle(request, status=state.queue_status, features=routes.server_features(state))
 
 
+# JSON bodies above this many bytes are gzipped for clients that accept it (/object_info is ~70 KB);
+# smaller ones gain less than the compression costs.
+GZIP_MIN_BYTES = 4096
+
+
+@web.middleware
+async def gzip_json_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Compress large JSON replies when the request's Accept-Encoding allows gzip."""
+    response = await handler(request)
+    if (type(response) is web.Response and response.content_type == "application/json"
+            and isinstance(response.body, (bytes, bytearray)) and len(response.body) > GZIP_MIN_BYTES
+            and "gzip" in request.headers.get("Accept-Encoding", "").lower()
+            and "Content-Encoding" not in response.headers):
+        response.enable_compression(web.ContentCoding.gzip)
+        response.headers.add("Vary", "Accept-Encoding")
+    return response
+
+
 def create_app(runtime: Any, config: ServerConfig) -> web.Application:
     """The application for `runtime` (paths, registry, events, executor, validate)."""
     state = ServerState(runtime, config)
@@ -52,7 +70,7 @@ def create_app(runtime: Any, config: ServerConfig) -> web.Application:
     # client_max_size caps a body without Content-Length while it is read; the middleware refuses a
     # declared oversize body before reading it.
     app = web.Application(client_max_size=config.security.max_body_bytes,
-                          middlewares=[security_middleware(config.security)])
+                          middlewares=[security_middleware(config.security), gzip_json_middleware])
     app[STATE_KEY] = state
     files.init_app_keys(app)
     for prefix in ("", "/api"):

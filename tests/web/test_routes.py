@@ -21,6 +21,7 @@ EDITOR_START_ROUTES = [
     "/experiment/models", "/embeddings", "/models", "/jobs?status=in_progress,pending&limit=200&offset=0",
     "/jobs?status=completed,failed,cancelled&limit=64&offset=0", "/prompt", "/queue", "/history",
     "/userdata/comfy.templates.json", "/userdata/user.css", "/internal/folder_paths", "/workflow_templates",
+    "/internal/files/input",  # the assets panel's imported files
 ]
 
 
@@ -347,3 +348,39 @@ def test_templates_serve_the_workflows_folder(light_server):
     status, headers, body = http("GET", light_server.url + "/templates/default-1.png")
     assert status == 200 and Image.open(io.BytesIO(body)).size == (400, 300)
     assert http("GET", light_server.url + "/templates/nothing.json")[0] == 404
+
+
+def test_template_browser_logo_and_locale_indexes(light_server):
+    """The template browser asks for a logo index and, outside English, a translated index: both answer."""
+    status, headers, body = http("GET", light_server.url + "/templates/index_logo.json")
+    assert status == 200 and headers["Content-Type"].startswith("application/json") and json.loads(body) == {}
+    status, french = get_json(light_server.url + "/templates/index.fr.json")
+    assert status == 200 and french == get_json(light_server.url + "/templates/index.json")[1]
+    assert get_json(light_server.url + "/templates/index.zh-TW.json")[0] == 200
+
+
+def test_internal_files_lists_a_folder_newest_first(light_server):
+    import os
+
+    folder = light_server.runtime.paths.input
+    for age, name in enumerate(["newest.png", "middle.png", "oldest.png"]):
+        (folder / name).write_bytes(png_bytes())
+        os.utime(folder / name, (1_000_000_000 - age * 100, 1_000_000_000 - age * 100))
+    status, names = get_json(light_server.url + "/internal/files/input")
+    assert status == 200
+    listed = [n for n in names if n in ("newest.png", "middle.png", "oldest.png")]
+    assert listed == ["newest.png", "middle.png", "oldest.png"]
+    assert http("GET", light_server.url + "/internal/files/models")[0] == 400
+
+
+def test_large_json_is_gzipped_only_when_accepted(server):
+    import gzip
+
+    status, headers, body = http("GET", server.url + "/object_info", headers={"Accept-Encoding": "gzip, deflate"})
+    assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    plain = json.loads(gzip.decompress(body))
+    assert "SaveImage" in plain and len(body) < len(json.dumps(plain)) / 4
+    status, headers, body = http("GET", server.url + "/object_info")
+    assert status == 200 and "Content-Encoding" not in headers and json.loads(body) == plain
+    status, headers, _ = http("GET", server.url + "/features", headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and "Content-Encoding" not in headers  # small bodies go as they are
