@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from kernels import compiled as _compiled
 from kernels import triton_linear as _triton_linear
 from kernels.norms import rms_norm
+from kernels.quantized import QuantizedWeight
 from kernels.registry import KernelRegistry, disable_fused_kernels, fused_kernels_enabled  # noqa: F401 (re-exported)
 
 PROLOGUES = (None, "rms_norm", "swiglu", "gelu_tanh")
@@ -257,7 +258,15 @@ LINEAR.register("triton", _triton_linear.linear_triton, check=_triton_linear.che
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            prologue: str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
            residual: torch.Tensor | None = None, residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
-    """`residual + residual_scale * (prologue(x) @ weight.T + bias)` (see module docstring)."""
+    """`residual + residual_scale * (prologue(x) @ weight.T + bias)` (see module docstring).
+
+    `weight` may be a kernels.quantized.QuantizedWeight: the call then goes to the quantized
+    backends (kernels/quantized_linear.py), whose reference is dequantize-then-`linear_eager`.
+    """
     check_arguments(x, weight, bias, prologue, prologue_weight, residual, residual_scale)
+    if isinstance(weight, QuantizedWeight):
+        from kernels.quantized_linear import quantized_linear  # imports this module: resolved at first call
+        return quantized_linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+                                residual=residual, residual_scale=residual_scale)
     return LINEAR(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                   residual=residual, residual_scale=residual_scale)

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from models.quant.layers import dense_shape, quantize_modules
+from models.quant.markers import SUPPORTED_FORMATS, read_plan
+
 SUPPORTED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 FLOAT8 = ("F8_E4M3", "F8_E5M2")
@@ -35,7 +38,9 @@ ARCHITECTURES = {
     "h3_text_encoder": ("embed_tokens.weight", "layers.0.attn.qkv_proj.weight"),
 }
 SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 video VAE, H3 audio VAE, "
-                  "H3 text encoder; as .safetensors in float32, float16, bfloat16 or unscaled float8")
+                  "H3 text encoder; as .safetensors in float32, float16, bfloat16, unscaled float8, or with layers "
+                  "quantized in ComfyUI's formats (int8_tensorwise with or without convrot, nvfp4, float8 with "
+                  "scales, mxfp8)")
 # Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
 IGNORED_KEYS = {
     "h3_audio_vae": re.compile(r".*\.(filter|upsample\.filter|downsample\.lowpass\.filter)$"),
@@ -130,8 +135,10 @@ def _check_quantisation(header: Header, keys: list[str]) -> None:
     name = os.path.basename(header.path)
     for key in keys:
         if any(marker in key for marker in QUANT_KEY_MARKERS):
-            raise ValueError(f"{name} is quantised (found key {key!r}); quantised formats with scales (int8, "
-                             f"scaled fp8, nvfp4, bitsandbytes, GPTQ) are not supported; supported: {SUPPORTED_TEXT}")
+            raise ValueError(f"{name} is quantised (found key {key!r}) without a ComfyUI quantization marker for "
+                             f"that layer; Weft reads layers marked by `<layer>.comfy_quant`, the "
+                             f"`_quantization_metadata` header or `scaled_fp8` (formats: {', '.join(SUPPORTED_FORMATS)}); "
+                             f"bitsandbytes and GPTQ files are not supported")
         dtype = header.tensors[key].dtype
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"{name}: tensor {key!r} has dtype {dtype}, which is not supported (quantised "
@@ -286,13 +293,31 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
             raise ValueError(f"{name} is a {kind.replace('_', ' ')} checkpoint, but a {' or '.join(a.replace('_', ' ') for a in allowed)} "
                              "is needed here")
     file_keys = {k[len(prefix):]: k for k in header.tensors if k.startswith(prefix)}
+    with safe_open(header.path, framework="pt", device="cpu") as f:
+        plan = read_plan(list(header.tensors), prefix, header.metadata, f.get_tensor, name)
+    # Quantized layers' codes and scales are checked against their format (models/quant/layers.py);
+    # their markers are read, not loaded; the legacy scale names are read under the current ones.
+    stored_keys = {key for sources in plan.sources.values() for key in sources.values()}
+    file_keys = {k: v for k, v in file_keys.items() if v not in plan.marker_keys and v not in stored_keys}
     _check_quantisation(header, list(file_keys.values()))
+    for layer, sources in plan.sources.items():
+        for leaf, key in sources.items():
+            file_keys[f"{layer}.{leaf}"] = key
     shapes = {k: header.tensors[v].shape for k, v in file_keys.items()}
+    shapes.update({f"{layer}.weight": dense_shape(quant.format, shapes[f"{layer}.weight"])
+                   for layer, quant in plan.layers.items()})
     config_fn, cls = _builders()[kind]
     config = config_fn(shapes)
 
     with torch.device("meta"):
         model = cls(config)
+    if dtype is None:
+        float_dtypes = [header.tensors[v].dtype for v in file_keys.values() if v not in stored_keys]
+        main = max(set(float_dtypes), key=float_dtypes.count) if float_dtypes else "F32"
+        dtype = torch.bfloat16 if main in FLOAT8 else SUPPORTED_DTYPES[main]
+    if plan.layers:
+        quantize_modules(model, plan, {v: header.tensors[v].shape for v in stored_keys},
+                         {v: header.tensors[v].dtype for v in stored_keys}, dtype, name)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     ignored = IGNORED_KEYS.get(kind)
     unexpected = [k for k in file_keys if k not in expected and not (ignored and ignored.match(k))]
@@ -304,19 +329,18 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
         raise ValueError(f"{name}: unexpected tensor(s) for a {kind} with the recovered config: "
                          f"{', '.join(prefix + k for k in unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
     for key, shape in expected.items():
-        found = shapes[key]
+        found = header.tensors[file_keys[key]].shape
         if tuple(found) != shape:
             raise ValueError(f"{name}: tensor {prefix + key!r} has shape {list(found)}, expected {list(shape)} "
                              f"for the recovered {kind} config")
 
-    file_dtypes = {header.tensors[file_keys[k]].dtype for k in expected}
-    if dtype is None:
-        main = max(file_dtypes, key=lambda d: sum(1 for k in expected if header.tensors[file_keys[k]].dtype == d))
-        dtype = torch.bfloat16 if main in FLOAT8 else SUPPORTED_DTYPES[main]
     state = {}
     with safe_open(header.path, framework="pt", device="cpu") as f:
         for key in expected:
             tensor = f.get_tensor(file_keys[key])
+            if file_keys[key] in stored_keys:  # quantized codes and scales keep their stored dtypes
+                state[key] = tensor.to(device=device)
+                continue
             target = torch.float32 if _float32_key(kind, key) else dtype
             state[key] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, assign=True)

@@ -101,6 +101,12 @@ def _target_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtyp
     return tensor.dtype
 
 
+def _kept_as_stored(module: nn.Module) -> bool:
+    """True for quantized layers (models/ops.py): their tensors move in their stored dtypes and are
+    never patched here; the layer dequantizes them and adds adapter patches itself at its op."""
+    return getattr(module, "holds_quantized_weights", False)
+
+
 def _module_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The module's own parameters and buffers (not its children's), the ones its op needs."""
     named = [(name, p) for name, p in module.named_parameters(recurse=False)]
@@ -253,6 +259,8 @@ class MemoryManager:
     def _acquire(self, module: nn.Module, dtype: torch.dtype, prefetch: bool) -> _Entry:
         patch_map = active_patch_map()
         patched = bool(patch_map) and id(module) in patch_map
+        if _kept_as_stored(module):
+            dtype, patched = None, False
         key = (id(module), dtype, id(patch_map) if patched else 0)
         sources = _module_tensors(module)
         entry = self._entries.get(key)
@@ -454,6 +462,8 @@ def take_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> dict[s
         return runtime.take_named(module, dtype=dtype)
     patch_map = active_patch_map()
     patched = bool(patch_map) and id(module) in patch_map
+    if _kept_as_stored(module):
+        dtype, patched = None, False
     return {name: _materialize(module, name, src, src.device, _target_dtype(src, dtype), patched, False)
             for name, src in _module_tensors(module)}
 

@@ -13,9 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.conv3d import causal_conv3d
-from kernels.linear import linear
+from kernels.linear import apply_prologue, linear
+from kernels.quantized import QuantizedWeight, embedding_rows, storage_shape
 from kernels.norms import rms_norm
-from models.memory import release, take, using
+from models.memory import release, take, using, using_named
+from models.patcher import apply_patches, patch_signature
+from models.quant.markers import LayerQuant
+from models.quant.writer import encode_weight
 
 
 class Linear(nn.Linear):
@@ -144,3 +148,131 @@ class Embedding(nn.Embedding):
     def forward(self, ids: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         with using(self, dtype=dtype) as (weight, _bias):
             return F.embedding(ids, weight, self.padding_idx)  # (*ids.shape, embedding_dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantized layers
+
+class QuantizedLinear(nn.Module):
+    """A Linear whose weight stays in its stored quantized format (see kernels/quantized.py).
+
+    The memory manager holds and moves the stored bytes as they are (models/memory.py); each
+    forward builds a QuantizedWeight from them and runs the unified Linear, which picks a quantized
+    product where one exists and dequantize-then-matmul otherwise. Adapter patches of `weight` are
+    added to the dequantized float weight at take time (the stored codes never change); a merged
+    adapter requantizes once (`requantized`). Tensor names are the file's: `weight`, `weight_scale`
+    and, by format, `weight_scale_2`, `input_scale`, `pre_quant_scale`; `bias` is a float parameter.
+    """
+
+    holds_quantized_weights = True  # read by models/memory.py and models/adapters
+
+    def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *, bias: bool = True,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+                 compute_dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.quant = quant
+        self.compute_dtype = compute_dtype
+        shapes = dict(tensor_shapes or {})
+        shapes.setdefault("weight", (storage_shape(quant.format, out_features, in_features), torch.int8))
+        for name, (shape, dtype) in shapes.items():
+            if name == "weight":
+                self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+            else:
+                self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=compute_dtype, device=device), requires_grad=False)
+                     if bias else None)
+
+    @property
+    def dense_weight_shape(self) -> tuple[int, int]:
+        """(out_features, in_features): the shape of the float weight this layer stands for."""
+        return self.out_features, self.in_features
+
+    def quantized_weight(self, tensors: dict[str, torch.Tensor] | None = None) -> QuantizedWeight:
+        """The layer's QuantizedWeight over `tensors` (taken copies), or over its own tensors."""
+        own = tensors if tensors is not None else dict(self.named_buffers(recurse=False), weight=self.weight)
+        return QuantizedWeight(
+            self.quant.format, own["weight"], own["weight_scale"], torch.Size(self.dense_weight_shape),
+            tensor_scale=own.get("weight_scale_2"), input_scale=own.get("input_scale"),
+            pre_quant_scale=own.get("pre_quant_scale"), rotation_group=self.quant.rotation_group,
+            full_precision=self.quant.full_precision)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight (out_features, in_features) in `dtype`, without adapter patches."""
+        return self.quantized_weight().dequantize(dtype)
+
+    def requantized(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The stored tensors of a float weight in this layer's format (weight and scales, by name).
+
+        Merging an adapter into a quantized layer goes through here once: the merged weight then
+        carries one more rounding than the on-the-fly path, at most half a quantization step per
+        element (int8: half the row scale in the rotated basis; float formats: half a unit in the
+        last place of the scaled value).
+        """
+        stored = encode_weight(weight, self.quant)
+        keep = {name: tensor for name, tensor in self.named_buffers(recurse=False)
+                if name not in stored}  # input_scale and pre_quant_scale belong to the input, not the weight
+        return {**keep, **stored}
+
+    def forward(self, x: torch.Tensor, *, prologue: str | None = None,
+                prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
+                residual: torch.Tensor | None = None,
+                residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+        norm_module = prologue_weight if isinstance(prologue_weight, nn.Module) else None
+        if norm_module is not None:
+            prologue_weight, _ = take(norm_module, dtype=x.dtype)
+        try:
+            with using_named(self) as own:
+                weight = self.quantized_weight(own)
+                bias = own.get("bias")
+                if bias is not None:
+                    bias = apply_patches(self, "bias", bias.to(x.dtype))
+                if not patch_signature(self, "weight"):
+                    return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+                                  residual=residual, residual_scale=residual_scale)
+                # An adapter on this layer: its delta goes onto the dequantized weight, for this op only.
+                dense = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
+                if weight.pre_quant_scale is not None:
+                    x = apply_prologue(x, prologue, prologue_weight, eps) * weight.pre_quant_scale.to(x.dtype)
+                    prologue = prologue_weight = None
+                return linear(x, dense, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+                              residual=residual, residual_scale=residual_scale)
+        finally:
+            if norm_module is not None:
+                release(norm_module)
+
+
+class QuantizedEmbedding(nn.Module):
+    """An Embedding whose table stays quantized (int8_tensorwise or float8); only looked-up rows are dequantized."""
+
+    holds_quantized_weights = True
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, quant: LayerQuant, *, padding_idx: int | None = None,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+                 compute_dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.quant = quant
+        self.compute_dtype = compute_dtype
+        shapes = dict(tensor_shapes or {})
+        shapes.setdefault("weight", ((num_embeddings, embedding_dim), torch.int8))
+        for name, (shape, dtype) in shapes.items():
+            if name == "weight":
+                self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+            else:
+                self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
+
+    @property
+    def dense_weight_shape(self) -> tuple[int, int]:
+        """(num_embeddings, embedding_dim)."""
+        return self.num_embeddings, self.embedding_dim
+
+    def forward(self, ids: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype if dtype is not None else self.compute_dtype
+        with using_named(self) as own:
+            weight = QuantizedWeight(self.quant.format, own["weight"], own["weight_scale"],
+                                     torch.Size(self.dense_weight_shape), rotation_group=self.quant.rotation_group)
+            if patch_signature(self, "weight"):
+                table = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True)
+                return F.embedding(ids, table.to(dtype), self.padding_idx)
+            return embedding_rows(ids, weight, dtype)  # (*ids.shape, embedding_dim)

@@ -1,0 +1,166 @@
+"""The unified Linear on a quantized weight: `residual + residual_scale * (prologue(x) @ W.T + bias)`.
+
+kernels/linear.py's `linear` hands every call whose weight is a `QuantizedWeight` to this op. Its
+backends, in priority order:
+  int8   int8 weights (rotated or not): the activation is rotated online by the same block-diagonal
+         Hadamard as the weight, quantized per token (row scale = max |x| / 127), multiplied with
+         int32 accumulation (`torch._int_mm`) and rescaled by row scale x weight row scale in
+         float32. CPU and CUDA.
+  fp8    float8 weights on a CUDA device with float8 matrix units (compute capability 8.9+): the
+         activation is cast to float8-e4m3 with the layer's `input_scale` (1.0 without one, clamped
+         to +-448) and multiplied by `torch._scaled_mm`.
+  eager  the reference for every format: dequantize the weight (kernels/quantized.py), then the
+         float Linear's eager reference. Formats without a native product here (nvfp4, mxfp8) and
+         layers marked `full_precision` run only this.
+An nvfp4 layer's `pre_quant_scale` multiplies the input (after the prologue) on every path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.linear import apply_prologue, linear_eager
+from kernels.quantized import FLOAT8_FORMATS, QuantizedWeight, WeightFormat, rotate_rows
+from kernels.registry import KernelRegistry
+
+INT8_MAX = 127.0
+FLOAT8_E4M3_MAX = 448.0
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+            residual_scale: torch.Tensor | float | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """float32 product rows -> bias, scale and residual added in float32, rounded once to the output dtype."""
+    if bias is not None:
+        y = y + bias.float()
+    if residual_scale is not None:
+        y = y * (residual_scale.float() if isinstance(residual_scale, torch.Tensor) else float(residual_scale))
+    if residual is not None:
+        y = residual.float() + y
+    return y.to(residual.dtype if residual is not None else out_dtype)
+
+
+def _prepared_input(x: torch.Tensor, weight: QuantizedWeight, prologue, prologue_weight, eps) -> torch.Tensor:
+    h = apply_prologue(x, prologue, prologue_weight, eps)
+    if weight.pre_quant_scale is not None:
+        h = h * weight.pre_quant_scale.to(h.dtype)
+    return h
+
+
+def quantized_linear_eager(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
+                           prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                           residual: torch.Tensor | None = None,
+                           residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+    """The reference: the weight dequantized to x's dtype, then the float Linear's eager reference."""
+    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    return linear_eager(h, weight.dequantize(x.dtype), bias, residual=residual, residual_scale=residual_scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# int8 backend
+
+def quantize_rows_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8: (M, K) floats -> int8 codes (M, K) and float32 row scales (M, 1)."""
+    rows = rows.float()
+    scale = (rows.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=1e-30)
+    codes = torch.round(rows / scale).clamp_(-128, 127).to(torch.int8)
+    return codes, scale
+
+
+def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """int32 (M, N) = int8 a (M, K) @ int8 b_t.T, with b_t (N, K); pads M where CUDA needs more than 16 rows."""
+    rows = a.shape[0]
+    if a.is_cuda and rows <= 16:
+        a = F.pad(a, (0, 0, 0, 32 - rows))
+    return torch._int_mm(a, b_t.t())[:rows]
+
+
+def _int8_check(x, weight, bias=None, **_options) -> str | None:
+    if not isinstance(weight, QuantizedWeight) or weight.format is not WeightFormat.INT8:
+        return "the weight is not int8_tensorwise"
+    if weight.full_precision:
+        return "the layer is marked full_precision_matrix_mult"
+    if x.device.type not in ("cpu", "cuda"):
+        return f"torch._int_mm does not run on {x.device.type}"
+    if weight.data.device != x.device:
+        return "the weight and x are on different devices"
+    if x.device.type == "cuda":
+        out_features, in_features = weight.shape
+        if in_features % 8 or out_features % 8:
+            return f"torch._int_mm on CUDA needs widths that are multiples of 8, got {tuple(weight.shape)}"
+    return None
+
+
+def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
+                          prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                          residual: torch.Tensor | None = None,
+                          residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+    """int8 x int8 -> int32 product of the per-token quantized (rotated) activation and the stored codes."""
+    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    if weight.rotation_group:
+        h = rotate_rows(h, weight.rotation_group)
+    out_features = weight.shape[0]
+    rows = h.reshape(-1, h.shape[-1])
+    codes, row_scale = quantize_rows_int8(rows)
+    acc = int8_matmul(codes, weight.data)  # (M, N) int32
+    weight_scale = weight.scale.float().reshape(1, -1)  # (1, N) or (1, 1)
+    y = acc.float() * row_scale * weight_scale
+    out = y.reshape(*x.shape[:-1], out_features)
+    return _finish(out, bias, residual, residual_scale, x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# float8 backend
+
+def _fp8_available() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() < (8, 9):
+        return "the CUDA device has no float8 matrix units (compute capability below 8.9)"
+    return None
+
+
+def _fp8_check(x, weight, bias=None, **_options) -> str | None:
+    if not isinstance(weight, QuantizedWeight) or weight.format not in FLOAT8_FORMATS:
+        return "the weight is not float8"
+    if weight.full_precision:
+        return "the layer is marked full_precision_matrix_mult"
+    if x.device.type != "cuda" or weight.data.device != x.device:
+        return "x and the weight must both be on the CUDA device"
+    if torch.cuda.get_device_capability(x.device) < (8, 9):
+        return "the CUDA device has no float8 matrix units (compute capability below 8.9)"
+    out_features, in_features = weight.shape
+    if in_features % 16 or out_features % 16:
+        return f"torch._scaled_mm needs widths that are multiples of 16, got {tuple(weight.shape)}"
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"x dtype {x.dtype} is not a float dtype _scaled_mm writes"
+    return None
+
+
+def quantized_linear_fp8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
+                         prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                         residual: torch.Tensor | None = None,
+                         residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+    """float8-e4m3 activation (scaled by input_scale, else 1) times the float8 weight through torch._scaled_mm."""
+    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    rows = h.reshape(-1, h.shape[-1])
+    input_scale = (weight.input_scale.float().reshape(()) if weight.input_scale is not None
+                   else torch.ones((), dtype=torch.float32, device=x.device))
+    codes = (rows.float() / input_scale).clamp_(-FLOAT8_E4M3_MAX, FLOAT8_E4M3_MAX).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(codes, weight.data.t(), scale_a=input_scale, scale_b=weight.scale.float().reshape(()),
+                         out_dtype=torch.float32)
+    out = y.reshape(*x.shape[:-1], weight.shape[0])
+    return _finish(out, bias, residual, residual_scale, x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# registry
+
+QUANTIZED_LINEAR = KernelRegistry("quantized_linear")
+QUANTIZED_LINEAR.register("eager", quantized_linear_eager)
+QUANTIZED_LINEAR.register("fp8", quantized_linear_fp8, check=_fp8_check, available=_fp8_available, before="eager")
+QUANTIZED_LINEAR.register("int8", quantized_linear_int8, check=_int8_check, before="fp8")
+
+
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, **options) -> torch.Tensor:
+    """The unified Linear with a quantized weight (arguments checked by kernels/linear.py's `linear`)."""
+    return QUANTIZED_LINEAR(x, weight, bias, **options)
