@@ -153,66 +153,79 @@ class Embedding(nn.Embedding):
 # ----------------------------------------------------------------------------------------------
 # Quantized layers
 
-class QuantizedLinear(nn.Module):
-    """A Linear whose weight stays in its stored quantized format (see kernels/quantized.py).
+class QuantizedLayer(nn.Module):
+    """What QuantizedLinear and QuantizedEmbedding share: stored tensors by the file's names, and decoding.
 
-    The memory manager holds and moves the stored bytes as they are (models/memory.py); each
-    forward builds a QuantizedWeight from them and runs the unified Linear, which picks a quantized
-    product where one exists and dequantize-then-matmul otherwise. Adapter patches of `weight` are
-    added to the dequantized float weight at take time (the stored codes never change); a merged
-    adapter requantizes once (`requantized`). Tensor names are the file's: `weight`, `weight_scale`
-    and, by format, `weight_scale_2`, `input_scale`, `pre_quant_scale`; `bias` is a float parameter.
+    `weight` is a frozen parameter holding the stored codes; the scales (`weight_scale` and, by
+    format, `weight_scale_2`, `input_scale`, `pre_quant_scale`) are buffers. The memory manager
+    holds and moves them as stored (models/memory.py), and adapters add their deltas to the
+    dequantized weight at take time (models/adapters), so the stored codes never change.
     """
 
-    holds_quantized_weights = True  # read by models/memory.py and models/adapters
+    holds_quantized_weights = True  # read by models/memory.py, models/adapters and models/patcher.py
 
-    def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *, bias: bool = True,
-                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
-                 compute_dtype: torch.dtype = torch.float32, device=None) -> None:
+    def __init__(self, dense_shape: tuple[int, int], quant: LayerQuant,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None,
+                 compute_dtype: torch.dtype, device) -> None:
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
         self.quant = quant
-        self.compute_dtype = compute_dtype
+        self.compute_dtype = compute_dtype  # the dtype of outputs when the caller does not ask for one
+        self._dense_shape = tuple(dense_shape)
         shapes = dict(tensor_shapes or {})
-        shapes.setdefault("weight", (storage_shape(quant.format, out_features, in_features), torch.int8))
+        shapes.setdefault("weight", (storage_shape(quant.format, *dense_shape), torch.int8))
+        shapes.setdefault("weight_scale", ((dense_shape[0], 1), torch.float32))
         for name, (shape, dtype) in shapes.items():
             if name == "weight":
                 self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
             else:
                 self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=compute_dtype, device=device), requires_grad=False)
-                     if bias else None)
 
     @property
     def dense_weight_shape(self) -> tuple[int, int]:
-        """(out_features, in_features): the shape of the float weight this layer stands for."""
-        return self.out_features, self.in_features
+        """The shape of the float weight this layer stands for: (out, in) features or (rows, dim)."""
+        return self._dense_shape
 
     def quantized_weight(self, tensors: dict[str, torch.Tensor] | None = None) -> QuantizedWeight:
         """The layer's QuantizedWeight over `tensors` (taken copies), or over its own tensors."""
         own = tensors if tensors is not None else dict(self.named_buffers(recurse=False), weight=self.weight)
         return QuantizedWeight(
-            self.quant.format, own["weight"], own["weight_scale"], torch.Size(self.dense_weight_shape),
+            self.quant.format, own["weight"], own["weight_scale"], torch.Size(self._dense_shape),
             tensor_scale=own.get("weight_scale_2"), input_scale=own.get("input_scale"),
             pre_quant_scale=own.get("pre_quant_scale"), rotation_group=self.quant.rotation_group,
             full_precision=self.quant.full_precision)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The float weight (out_features, in_features) in `dtype`, without adapter patches."""
+        """The float weight in `dtype`, without adapter patches."""
         return self.quantized_weight().dequantize(dtype)
 
     def requantized(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The stored tensors of a float weight in this layer's format (weight and scales, by name).
+        """The stored tensors (by name) of a float weight in this layer's format; the input's scales are kept.
 
-        Merging an adapter into a quantized layer goes through here once: the merged weight then
-        carries one more rounding than the on-the-fly path, at most half a quantization step per
-        element (int8: half the row scale in the rotated basis; float formats: half a unit in the
-        last place of the scaled value).
+        Merging an adapter into a quantized layer goes through here once, so a merged layer carries
+        one more rounding than the on-the-fly path: at most half a quantization step per element of
+        the stored (for int8 convrot: rotated) weight, i.e. half the row scale for int8 and half a
+        unit in the last place of the scaled value for the float formats.
         """
         stored = encode_weight(weight, self.quant)
-        keep = {name: tensor for name, tensor in self.named_buffers(recurse=False)
-                if name not in stored}  # input_scale and pre_quant_scale belong to the input, not the weight
-        return {**keep, **stored}
+        kept = {name: tensor for name, tensor in self.named_buffers(recurse=False) if name not in stored}
+        return {**kept, **stored}
+
+
+class QuantizedLinear(QuantizedLayer):
+    """A Linear whose weight stays quantized; its forward is the unified Linear on a QuantizedWeight.
+
+    The Linear picks a quantized product where one exists for the format and device, and
+    dequantize-then-matmul otherwise (kernels/quantized_linear.py). With an adapter patch active on
+    this layer, the patched weight is dequantized for this op and the float product runs.
+    """
+
+    def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *, bias: bool = True,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+                 compute_dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__((out_features, in_features), quant, tensor_shapes, compute_dtype, device)
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=compute_dtype, device=device), requires_grad=False)
+                     if bias else None)
 
     def forward(self, x: torch.Tensor, *, prologue: str | None = None,
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
@@ -230,7 +243,6 @@ class QuantizedLinear(nn.Module):
                 if not patch_signature(self, "weight"):
                     return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                                   residual=residual, residual_scale=residual_scale)
-                # An adapter on this layer: its delta goes onto the dequantized weight, for this op only.
                 dense = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
                 if weight.pre_quant_scale is not None:
                     x = apply_prologue(x, prologue, prologue_weight, eps) * weight.pre_quant_scale.to(x.dtype)
@@ -242,36 +254,19 @@ class QuantizedLinear(nn.Module):
                 release(norm_module)
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(QuantizedLayer):
     """An Embedding whose table stays quantized (int8_tensorwise or float8); only looked-up rows are dequantized."""
-
-    holds_quantized_weights = True
 
     def __init__(self, num_embeddings: int, embedding_dim: int, quant: LayerQuant, *, padding_idx: int | None = None,
                  tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
                  compute_dtype: torch.dtype = torch.float32, device=None) -> None:
-        super().__init__()
+        super().__init__((num_embeddings, embedding_dim), quant, tensor_shapes, compute_dtype, device)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        self.quant = quant
-        self.compute_dtype = compute_dtype
-        shapes = dict(tensor_shapes or {})
-        shapes.setdefault("weight", ((num_embeddings, embedding_dim), torch.int8))
-        for name, (shape, dtype) in shapes.items():
-            if name == "weight":
-                self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-            else:
-                self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
-
-    @property
-    def dense_weight_shape(self) -> tuple[int, int]:
-        """(num_embeddings, embedding_dim)."""
-        return self.num_embeddings, self.embedding_dim
 
     def forward(self, ids: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype if dtype is not None else self.compute_dtype
         with using_named(self) as own:
-            weight = QuantizedWeight(self.quant.format, own["weight"], own["weight_scale"],
-                                     torch.Size(self.dense_weight_shape), rotation_group=self.quant.rotation_group)
+            weight = self.quantized_weight(own)
             if patch_signature(self, "weight"):
                 table = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True)
                 return F.embedding(ids, table.to(dtype), self.padding_idx)

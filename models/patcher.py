@@ -237,6 +237,17 @@ def _merge_into(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, 
                 private: Callable[[str], nn.Module]) -> None:
     for module_name, params in patched.items():
         clone = private(module_name)
+        module = base.get_submodule(module_name)
         for param_name, entries in params.items():
-            original = getattr(base.get_submodule(module_name), param_name)
+            if param_name == "weight" and getattr(module, "holds_quantized_weights", False):
+                # Quantized layers are merged by requantizing base + deltas once in their own format
+                # (the error this adds is stated on QuantizedLinear.requantized).
+                merged = _patched(module.dequantized_weight(torch.float32), entries)
+                for name, tensor in module.requantized(merged).items():
+                    if name == "weight":
+                        clone._parameters[name] = nn.Parameter(tensor, requires_grad=False)
+                    else:
+                        clone._buffers[name] = tensor
+                continue
+            original = getattr(module, param_name)
             clone._parameters[param_name] = nn.Parameter(_patched(original, entries), requires_grad=False)

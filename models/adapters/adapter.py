@@ -121,11 +121,13 @@ class Adapter:
         if not isinstance(param, torch.Tensor):
             return None, f"entry {entry.key!r} changes the {param_name} of {where}, which has no {param_name}"
         delta_shape = source.delta_shape()
-        if not param.is_floating_point() or hasattr(module, f"{param_name}_scale"):
+        # A quantized layer (models/ops.py) adds the delta to its dequantized weight at take time.
+        quantized = getattr(module, "holds_quantized_weights", False) and param_name == "weight"
+        if not quantized and (not param.is_floating_point() or hasattr(module, f"{param_name}_scale")):
             return None, (f"entry {entry.key!r}: {where} holds packed-quantised weights ({param.dtype}, stored "
-                          f"shape {tuple(param.shape)}); the adapter needs float weights of shape "
-                          f"{delta_shape}; load an unquantised checkpoint to use this adapter")
-        target_shape = tuple(param.shape)
+                          f"shape {tuple(param.shape)}) without a quantization marker Weft reads; the adapter needs "
+                          f"float weights of shape {delta_shape}")
+        target_shape = tuple(module.dense_weight_shape) if quantized else tuple(param.shape)
         rows = None
         if target.part is not None:
             if param_name != "weight" or target_shape[0] % 3:
