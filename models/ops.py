@@ -153,6 +153,11 @@ class Embedding(nn.Embedding):
 # ----------------------------------------------------------------------------------------------
 # Quantized layers
 
+def input_dtype(layer: nn.Module) -> torch.dtype:
+    """The float dtype to hand `layer` its input in: its weight's, or a quantized layer's compute dtype."""
+    return layer.compute_dtype if getattr(layer, "holds_quantized_weights", False) else layer.weight.dtype
+
+
 class QuantizedLayer(nn.Module):
     """What QuantizedLinear and QuantizedEmbedding share: stored tensors by the file's names, and decoding.
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from models.h3 import packing
 from models.h3.layers import attention, op, rope_split_half
+from models.ops import input_dtype
 
 
 @dataclass
@@ -131,7 +132,7 @@ class AdalnProj(nn.Module):
         self.linear = op("Linear")(t_dim, expand * hidden * modalities, bias=True)
 
     def forward(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x = self.linear((F.silu(t_emb) if self.apply_silu else t_emb).to(self.linear.weight.dtype))
+        x = self.linear((F.silu(t_emb) if self.apply_silu else t_emb).to(input_dtype(self.linear)))
         return x.view(x.shape[0] * self.modalities, self.expand * self.hidden).chunk(self.expand, dim=-1)
 
 

@@ -188,3 +188,20 @@ def test_quantized_embedding_table_reads_only_the_looked_up_rows(tmp_path):
     expected = out["embed_tokens.weight"][ids].float() * out["embed_tokens.weight_scale"][ids]
     assert torch.equal(table(ids, dtype=torch.float32), expected)
     assert (expected - state["embed_tokens.weight"][ids]).abs().max() <= out["embed_tokens.weight_scale"].max() / 2 + 1e-7
+
+
+def test_quantized_adaln_projection_of_the_non_pruned_form(tmp_path):
+    # The non-pruned released DiT also quantizes blocks.N.adaln_proj.linear, with group 64 for its 2688 inputs;
+    # the tiny one's 32 inputs take group 16.
+    pattern = r"blocks\.\d+\.adaln_proj\.linear|" + LAYERS
+    state, metadata = quantize_state_dict(dict(_float_state()), pattern, "int8_tensorwise", rotation_group=256)
+    path = tmp_path / "non_pruned.safetensors"
+    save_quantized(path, state, metadata)
+    model = load_model(path).model
+    layer = model.blocks[1].adaln_proj.linear
+    assert isinstance(layer, QuantizedLinear) and layer.quant.rotation_group == 16 and layer.bias.dtype == torch.float32
+    with torch.no_grad():
+        ours = model(*_inputs())
+        reference = _dequantized_twin(model)(*_inputs())
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=5e-3 * b.abs().max().item())
