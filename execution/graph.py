@@ -283,15 +283,14 @@ def collector_paused(*, keep_as_old: bool = False) -> Iterator[None]:
     """Pause the cyclic garbage collector around work over a whole graph.
 
     A prompt allocates a few objects per node; with the collector on, its full collections rescan
-    every live object again and again, which made 50k-node prompts 50% slower per node than 10k-node
-    ones. Reference counting still frees everything acyclic at once; cycles wait for the end (or for
+    every live object again and again, so the time per node would grow with the prompt's size.
+    Reference counting still frees everything acyclic at once; cycles wait for the end (or for
     the scheduler's young collections in long runs). Nested use is fine.
 
     `keep_as_old`: what the block allocated and still holds is long-lived (validation's parsed
     graph: plain data, no tensors). Left young, the first collection after the block would scan it
-    all, at a cost per object that grows with the heap (a 50k-node prompt's validation paid 50 ms
-    for it, a 10k one 4 ms); instead it joins the oldest generation, for Python's full collections,
-    without a scan (gc.freeze then unfreeze: two list splices). Skipped if the application froze
+    all, at a cost per object that grows with the heap; instead it joins the oldest generation,
+    for Python's full collections, without a scan (gc.freeze then unfreeze: two list splices). Skipped if the application froze
     objects itself, so its frozen set stays as it made it.
     """
     was_enabled = gc.isenabled()

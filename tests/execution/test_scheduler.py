@@ -204,20 +204,20 @@ def test_events_name_their_job(registry, paths):
 
 def test_intermediates_are_released(registry, paths):
     executor = Executor(registry, cache=make_cache("none"), paths=paths)
-    from execution import scheduler
+    from execution.readiness import Readiness
 
     states = []
-    original = scheduler._RunState._complete
+    original = Readiness.complete
 
     def spy(self, slot, outputs, ui):
         original(self, slot, outputs, ui)
         states.append(self.held_values())
 
-    scheduler._RunState._complete = spy
+    Readiness.complete = spy
     try:
         executor.run(validate_prompt(chain_prompt(50), registry), prompt_id="p")
     finally:
-        scheduler._RunState._complete = original
+        Readiness.complete = original
     assert max(states) <= 2  # a chain holds at most the value being consumed
 
 
@@ -298,3 +298,27 @@ def test_signatures_reused_across_runs_still_follow_fingerprints(runner):
         assert sorted(again.executed) == ["o", "sum", "z"]
         assert again.outputs["o"]["values"] == [5]
     assert runner.memo.hits == 2
+
+
+def test_each_node_ends_its_run_released_and_the_state_prints(registry, paths, monkeypatch):
+    from execution.readiness import Phase, Readiness
+
+    made: list[Readiness] = []
+    original_init = Readiness.__init__
+
+    def remember(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Readiness, "__init__", remember)
+    executor = Executor(registry, cache=make_cache("classic"), paths=paths)
+    executor.run(validate_prompt(chain_prompt(5), registry), prompt_id="p1")
+    first = made[-1]
+    assert {slot.phase for slot in first.slots.values()} == {Phase.RELEASED}
+    assert first.pending == 0 and not first.ready
+    assert "released 6" in str(first)  # five in the chain and its output
+    executor.run(validate_prompt(chain_prompt(5), registry), prompt_id="p2")
+    second = made[-1]
+    # The unchanged re-run is served at its output: the sources are never needed, so they stay idle.
+    assert second.slots["out"].phase is Phase.RELEASED
+    assert {second.slots[n].phase for n in ("0", "1", "2", "3")} == {Phase.IDLE}

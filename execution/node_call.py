@@ -1,0 +1,195 @@
+"""Calling a node: its inputs gathered, its lazy-input question, its calls over list inputs, its result.
+
+One path serves sync and async nodes: `NodeCaller.call` is a coroutine that awaits a result only
+when the node is async; the scheduler awaits it in place for a sync node (it never suspends) and
+runs it as a task for an async one.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from execution import context as run_context
+from execution.failure import RunFailure
+from execution.graph import Link, Prompt, PromptNode, is_link_value
+from execution.paths import Paths
+from execution.readiness import Slot
+from execution.types import ExecutionBlocker, NodeOutput, normalize_result
+
+
+class Called:
+    """A node's outputs gathered over its calls: per-output item lists, merged UI, expansions."""
+
+    __slots__ = ("outputs", "ui", "expansions", "calls")
+
+    def __init__(self, outputs: list[list[Any]], ui: dict | None = None, expansions: list[dict] | None = None,
+                 calls: int = 0) -> None:
+        self.outputs = outputs
+        self.ui = ui
+        self.expansions = expansions
+        self.calls = calls
+
+
+class NodeCaller:
+    """Gathers a node's inputs and calls it, within one job."""
+
+    def __init__(self, prompt: Prompt, prompt_id: str, extra_data: dict, paths: Paths, runtime: dict,
+                 emit: Callable[[str, dict], None], is_interrupted: Callable[[], bool]) -> None:
+        self.prompt = prompt
+        self.prompt_id = prompt_id
+        self.extra_data = extra_data
+        self.paths = paths
+        self.runtime = runtime
+        self.emit = emit
+        self.is_interrupted = is_interrupted
+
+    def gather(self, slot: Slot, slots: dict[str, Slot]) -> tuple[dict[str, list[Any]], list[str]]:
+        """Per-input item lists for the node's calls, and the lazy inputs not evaluated yet."""
+        node, spec = slot.node, slot.spec
+        gathered: dict[str, list[Any]] = {}
+        unevaluated: list[str] = []
+        for name, inp in spec.instance_inputs(node.inputs).items():
+            if inp.kind == "hidden":
+                gathered[name] = [self._hidden(node, inp.type)]
+                continue
+            if name not in node.inputs:
+                continue
+            value = node.inputs[name]
+            if type(value) is Link:
+                source = slots.get(value.node)
+                produced = source.values if source is not None else None
+                if produced is None:
+                    unevaluated.append(name)
+                    gathered[name] = [None]
+                elif spec.input_is_list:
+                    gathered[name] = list(produced[value.output])
+                else:
+                    gathered[name] = produced[value.output]
+            else:
+                gathered[name] = [value]
+        return gathered, unevaluated
+
+    def _hidden(self, node: PromptNode, kind: str) -> Any:
+        if kind == "UNIQUE_ID":
+            return node.id
+        if kind == "PROMPT":
+            return self.prompt.raw
+        if kind == "EXTRA_PNGINFO":
+            return self.extra_data.get("extra_pnginfo")
+        if kind == "DYNPROMPT":
+            return self.prompt
+        return self.extra_data.get(kind.lower())
+
+    def context(self, node: PromptNode) -> run_context.RunContext:
+        """What the node sees through `execution.context.current()` while it is called."""
+        return run_context.RunContext(
+            prompt_id=self.prompt_id, node_id=node.id, display_node_id=node.display_id, paths=self.paths,
+            emit=self.emit, is_interrupted=self.is_interrupted, runtime=self.runtime,
+            parent_node_id=node.parent, real_node_id=node.real_id or node.id)
+
+    async def lazy_wanted(self, slot: Slot, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
+        """The unevaluated lazy inputs the node asks for (`check_lazy_status`)."""
+        spec = slot.spec
+        args = {k: (v if spec.input_is_list else (v[0] if v else None)) for k, v in gathered.items()}
+        for name in unevaluated:
+            args[name] = None
+        wanted = await self._invoke(slot.node, spec.check_lazy_status, spec.group_arguments(args), gathered)
+        if wanted is None:
+            return []
+        if isinstance(wanted, str):
+            wanted = [wanted]
+        return [str(w) for w in wanted if str(w) in unevaluated]
+
+    async def call(self, slot: Slot, gathered: dict[str, list[Any]]) -> Called:
+        """Call the node once per element of its list inputs and gather what the calls return."""
+        node, spec = slot.node, slot.spec
+        execute, group, is_async = spec.execute, spec.group_arguments, spec.is_async
+        called = Called([[] for _ in spec.outputs], {}, [])
+        calls = call_arguments(spec.input_is_list, gathered)
+        context = self.context(node)
+        for args in calls:
+            token = run_context.activate(context)
+            try:
+                result = execute(**group(args))
+                if inspect.isawaitable(result):
+                    if not is_async:
+                        raise TypeError(f"node '{spec.node_id}' returned an awaitable from a non-async execute")
+                    result = await result
+            except RunFailure:
+                raise
+            except run_context.ExecutionInterrupted as stop:
+                raise RunFailure.interrupted(node) from stop
+            except Exception as exc:
+                raise RunFailure.node_raised(node, exc, gathered) from exc
+            finally:
+                run_context.deactivate(token)
+            _collect(node, spec, result, called, gathered)
+        called.calls = len(calls)
+        called.ui = called.ui or None
+        return called
+
+    async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict) -> Any:
+        token = run_context.activate(self.context(node))
+        try:
+            result = fn(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except run_context.ExecutionInterrupted as stop:
+            raise RunFailure.interrupted(node) from stop
+        except Exception as exc:
+            raise RunFailure.node_raised(node, exc, gathered) from exc
+        finally:
+            run_context.deactivate(token)
+
+
+def call_arguments(input_is_list: bool, gathered: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """One argument dict per call: list inputs are mapped, shorter lists repeat their last item."""
+    if input_is_list:
+        return [gathered]
+    lengths = [len(v) for v in gathered.values()]
+    if all(n == 1 for n in lengths):
+        return [{k: v[0] for k, v in gathered.items()}]
+    count = 0 if any(n == 0 for n in lengths) else max(lengths, default=1)
+    return [{k: v[i] if i < len(v) else v[-1] for k, v in gathered.items()} for i in range(count)]
+
+
+def blocker_in(gathered: dict[str, list[Any]]) -> ExecutionBlocker | None:
+    """The first ExecutionBlocker among the gathered items, if any."""
+    for items in gathered.values():
+        for item in items:
+            if type(item) is ExecutionBlocker:
+                return item
+    return None
+
+
+def merge_ui(into: dict, ui: dict) -> None:
+    """Merge one call's UI dict into `into` (lists concatenate)."""
+    for key, value in ui.items():
+        if isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = into[key] + value
+        else:
+            into[key] = value
+
+
+def _collect(node: PromptNode, spec: Any, result: Any, called: Called, gathered: dict) -> None:
+    """Add one call's result to the node's per-output lists."""
+    if type(result) is tuple and len(result) == len(spec.outputs):
+        result = NodeOutput(result)
+    else:
+        try:
+            result = normalize_result(spec, result)
+        except TypeError as exc:
+            raise RunFailure.node_raised(node, exc, gathered) from exc
+    if result.ui:
+        merge_ui(called.ui, result.ui)
+    if result.expand:
+        called.expansions.append(result.expand)
+    values = result.values
+    outputs = called.outputs
+    for index, out_spec in enumerate(spec.outputs):
+        value = values[index] if index < len(values) else None
+        if out_spec.is_list and not (result.expand and is_link_value(value)):
+            outputs[index].extend(value if isinstance(value, (list, tuple)) else [value])
+        else:
+            outputs[index].append(value)

@@ -1,0 +1,99 @@
+"""Per-node profiling of a job: wall and CPU time, peak-RSS growth, calls, stored column by column."""
+from __future__ import annotations
+
+import gc
+import resource
+import time
+from array import array
+
+from execution.graph import PromptNode
+
+# The collector is paused over a run (graph.collector_paused). So that cyclic garbage cannot pile up
+# in a long run (loop iterations), young objects are collected once this many have accumulated.
+# Few large collections, not one per so many nodes: each young collection also ages the survivors,
+# and ten of them make the next automatic collection traverse everything the run still holds.
+YOUNG_OBJECTS_BEFORE_COLLECT = 1_000_000
+
+
+class ProfileRows:
+    """The per-node profile of one job, stored column by column (a row of Python objects per node
+    would be a large share of a big job's allocations).
+
+    Ephemeral nodes (expansion copies, such as loop iterations) add up under one row keyed
+    `display_id:class_type`."""
+
+    NUMBERS = ("wall_ms", "cpu_ms", "peak_rss_growth_bytes", "calls", "runs")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.class_types: list[str] = []
+        self.display_nodes: list[str] = []
+        self.cached = bytearray()
+        self.numbers = array("d")  # NUMBERS per row, row after row
+        self._summed: dict[str, int] = {}  # key of an added-up row -> its row index
+
+    def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> None:
+        """Record one node's row (numbers in NUMBERS order)."""
+        self.keys.append(key)
+        self.class_types.append(class_type)
+        self.display_nodes.append(display_node)
+        self.cached.append(cached)
+        self.numbers.extend(numbers)
+
+    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> None:
+        """Add a run of an ephemeral node to its row under `key`."""
+        index = self._summed.get(key)
+        if index is None:
+            self._summed[key] = len(self.keys)
+            self.add(key, class_type, display_node, False, *numbers)
+            return
+        base = index * len(self.NUMBERS)
+        for offset, value in enumerate(numbers):
+            self.numbers[base + offset] += value
+
+    def as_dicts(self) -> dict[str, dict]:
+        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs}."""
+        width = len(self.NUMBERS)
+        rows = {}
+        for index, key in enumerate(self.keys):
+            row = {"class_type": self.class_types[index], "display_node": self.display_nodes[index],
+                   "cached": bool(self.cached[index])}
+            for offset, name in enumerate(self.NUMBERS):
+                value = self.numbers[index * width + offset]
+                row[name] = value if name.endswith("_ms") else int(value)
+            rows[key] = row
+        return rows
+
+
+class Profiler:
+    """Records each node run of one job into its `rows` and `executed` list."""
+
+    __slots__ = ("rows", "executed", "peak_rss")
+
+    def __init__(self, rows: ProfileRows, executed: list[str]) -> None:
+        self.rows = rows
+        self.executed = executed
+        self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def served(self, node: PromptNode) -> None:
+        """`node` came from the cache (an editor node gets a row; copies do not)."""
+        if node.parent is None:
+            self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
+
+    def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float) -> None:
+        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time)."""
+        wall = time.perf_counter() - wall0
+        # The process's peak RSS only grows; its growth since the previous node ended is this node's.
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        cpu = time.thread_time() - cpu0
+        growth = max(0, peak_rss - self.peak_rss) * 1024
+        self.peak_rss = peak_rss
+        if node.parent is None:
+            self.rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000, growth, calls, 1)
+        else:
+            self.rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
+                             wall * 1000, cpu * 1000, growth, calls, 1)
+        executed = self.executed
+        executed.append(node.id)
+        if len(executed) % 1024 == 0 and gc.get_count()[0] > YOUNG_OBJECTS_BEFORE_COLLECT:
+            gc.collect(0)
