@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from execution.graph import Link, PromptNode
+from execution.spec import NodeSpec
 
 _fresh = itertools.count()
 
@@ -45,8 +46,8 @@ def _const_repr(value: Any) -> str:
 _PLAIN = (int, float, str, bool, type(None))
 
 
-def node_signature(node: PromptNode, spec: Any, upstream: Callable[[str], str | None], *,
-                   fingerprint: Callable[[PromptNode, Any], Any] | None = None) -> str:
+def node_signature(node: PromptNode, spec: NodeSpec | None, upstream: Callable[[str], str | None], *,
+                   fingerprint: Callable[[PromptNode, NodeSpec | None], Any] | None = None) -> str:
     """The structural signature of `node`; `upstream(node_id)` gives a source's signature.
 
     A 128-bit digest over the node's class, cache marks, constants (with their types, so 1, 1.0

@@ -20,15 +20,16 @@ graph instead, so the server and the headless runner convert it here, following 
   definition, links from pseudo-node -10 are the instance's inputs (its link, else its widget value)
   and links to pseudo-node -20 are the instance's outputs.
 
-This module never imports node code: it sees node types only through the registry handed in
-(`registry.get(class_type)` -> a NodeSpec-like object or None) and reads specs by duck typing.
+This module never imports node code: it sees node types only through the `Registry` handed in and
+the `NodeSpec`s it returns.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from execution.errors import PromptError
+from execution.spec import AUTOGROW, DYNAMIC_COMBO, InputSpec, Registry, widget_inputs
 
 __all__ = ["is_ui_workflow", "ui_to_api"]
 
@@ -40,11 +41,6 @@ SUBGRAPH_OUTPUT_ID = "-20"
 REROUTE = "Reroute"
 PRIMITIVE_NODE = "PrimitiveNode"
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
-
-# Mirrors nodes.spec (not imported: execution/ never imports node modules).
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
-DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
-AUTOGROW = "COMFY_AUTOGROW_V3"
 
 # The values the editor's control_after_generate widget can hold.
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
@@ -62,7 +58,7 @@ def is_ui_workflow(data: Any) -> bool:
     return isinstance(data, Mapping) and isinstance(data.get("nodes"), list)
 
 
-def ui_to_api(workflow: Mapping[str, Any], registry: Any) -> dict[str, dict[str, Any]]:
+def ui_to_api(workflow: Mapping[str, Any], registry: Registry) -> dict[str, dict[str, Any]]:
     """Convert a UI-format workflow into an API prompt `{id: {"class_type", "inputs", "_meta": {"title"}}}`.
 
     Raises PromptError `missing_node_type` naming every unregistered node type (with node id and
@@ -188,51 +184,24 @@ def _definition_widget_inputs(graph: _Graph) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ widgets
-def _input_kind(inp: Any) -> str:
-    return getattr(inp, "kind", "required")
-
-
-def _is_widget(inp: Any) -> bool:
-    if _input_kind(inp) == "hidden":
-        return False
-    if inp.type == DYNAMIC_COMBO:
-        return True
-    flag = getattr(inp, "is_widget", None)
-    if flag is not None:
-        return bool(flag)
-    return inp.type in WIDGET_TYPES and not (getattr(inp, "options", None) or {}).get("forceInput")
-
-
-def _editor_order(inputs: Any) -> list[Any]:
-    """Inputs in the editor's order: required ones, then optional ones (hidden never show)."""
-    inputs = list(inputs)
-    return ([i for i in inputs if _input_kind(i) == "required"]
-            + [i for i in inputs if _input_kind(i) == "optional"])
-
-
-def _has_control(inp: Any) -> bool:
-    opts = getattr(inp, "options", None) or {}
-    if opts.get("control_after_generate"):
+def _has_control(inp: InputSpec) -> bool:
+    if inp.options.get("control_after_generate"):
         return True
     return inp.type == "INT" and inp.name in SEED_NAMES
 
 
-def _has_upload(inp: Any) -> bool:
-    opts = getattr(inp, "options", None) or {}
-    return any(opts.get(k) for k in UPLOAD_OPTIONS)
+def _has_upload(inp: InputSpec) -> bool:
+    return any(inp.options.get(k) for k in UPLOAD_OPTIONS)
 
 
-def _default(inp: Any) -> Any:
+def _default(inp: InputSpec) -> Any:
     """The value the editor gives a widget the file has no value for."""
-    opts = getattr(inp, "options", None) or {}
-    if "default" in opts:
-        return opts["default"]
+    if "default" in inp.options:
+        return inp.options["default"]
     if inp.type == DYNAMIC_COMBO:
-        options = getattr(inp, "dynamic_options", None) or {}
-        return next(iter(options), _MISSING)
+        return next(iter(inp.dynamic_options or {}), _MISSING)
     if inp.type == "COMBO":
-        choice_list = getattr(inp, "choice_list", None)
-        choices = choice_list() if callable(choice_list) else []
+        choices = inp.choice_list()
         return choices[0] if choices else _MISSING
     return {"INT": 0, "FLOAT": 0.0, "STRING": "", "BOOLEAN": False}.get(inp.type, _MISSING)
 
@@ -244,7 +213,7 @@ class _Positional:
         self.values = values
         self.index = 0
 
-    def take(self, inp: Any, name: str) -> Any:
+    def take(self, inp: InputSpec, name: str) -> Any:
         if self.index < len(self.values):
             value = self.values[self.index]
             self.index += 1
@@ -271,35 +240,31 @@ class _Named:
     def __init__(self, values: Mapping[str, Any]):
         self.values = values
 
-    def take(self, inp: Any, name: str) -> Any:
+    def take(self, inp: InputSpec, name: str) -> Any:
         return self.values[name] if name in self.values else _default(inp)
 
 
-def _walk_widgets(inputs: Any, reader: Any, ui_inputs: list[dict], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def _walk_widgets(inputs: Sequence[InputSpec], reader: _Positional | _Named, ui_inputs: list[dict],
+                  prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield (api input name, value) for every widget of a node, in the editor's widget order."""
-    for inp in _editor_order(inputs):
+    for inp in widget_inputs(inputs):
         name = prefix + inp.name
         if inp.type == AUTOGROW:
             # Auto-grow slots that hold widgets appear on the node as inputs carrying a widget.
-            template = getattr(inp, "template", None)
-            if template is not None and _is_widget(template):
-                for ui_inp in ui_inputs:
-                    slot_name = ui_inp.get("name", "")
-                    if slot_name.startswith(name + ".") and ui_inp.get("widget"):
-                        value = reader.take(template, slot_name)
-                        if value is not _MISSING:
-                            yield slot_name, value
-            continue
-        if not _is_widget(inp):
+            for ui_inp in ui_inputs:
+                slot_name = ui_inp.get("name", "")
+                if slot_name.startswith(name + ".") and ui_inp.get("widget"):
+                    value = reader.take(inp.template, slot_name)
+                    if value is not _MISSING:
+                        yield slot_name, value
             continue
         value = reader.take(inp, name)
         if value is not _MISSING:
             yield name, value
         if inp.type == DYNAMIC_COMBO:
-            options = getattr(inp, "dynamic_options", None) or {}
-            chosen = value if isinstance(value, str) and value in options else None
+            chosen = value if isinstance(value, str) and value in inp.dynamic_options else None
             if chosen is not None:
-                yield from _walk_widgets(options[chosen], reader, ui_inputs, prefix=name + ".")
+                yield from _walk_widgets(inp.dynamic_options[chosen], reader, ui_inputs, prefix=name + ".")
 
 
 def _wrap(value: Any) -> Any:
@@ -311,7 +276,7 @@ def _wrap(value: Any) -> Any:
 class _Converter:
     """One conversion: walks every graph level, emits executable nodes, resolves their links."""
 
-    def __init__(self, workflow: Mapping[str, Any], registry: Any):
+    def __init__(self, workflow: Mapping[str, Any], registry: Registry):
         self.registry = registry
         self.definitions: dict[str, dict] = {}
         for sub in ((workflow.get("definitions") or {}).get("subgraphs") or []):
@@ -440,7 +405,7 @@ class _Converter:
         named = node.get("widgets_values_named")
         raw = node.get("widgets_values")
         if isinstance(named, Mapping):
-            reader: Any = _Named(named)
+            reader: _Positional | _Named = _Named(named)
         elif isinstance(raw, Mapping):
             reader = _Named(raw)
         else:
@@ -461,7 +426,7 @@ class _Converter:
             else:
                 inputs[ui_inp["name"]] = [resolved.node_id, resolved.slot]
 
-        title = node.get("title") or getattr(spec, "display_name", "") or class_type
+        title = node.get("title") or spec.display_name or class_type
         self.prompt[exec_id] = {"class_type": class_type, "inputs": inputs, "_meta": {"title": title}}
 
     def _raise_missing(self) -> None:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from execution.spec import NodeSpec
 
 MATCH_TYPE = "COMFY_MATCHTYPE_V3"
 
@@ -47,7 +50,7 @@ def types_compatible(source: str, target: str) -> bool:
     return bool(source_set & target_set)
 
 
-def normalize_result(spec: Any, result: Any) -> NodeOutput:
+def normalize_result(spec: NodeSpec, result: Any) -> NodeOutput:
     """Bring what execute returned (tuple, NodeOutput, classic dict, None) into a NodeOutput."""
     if isinstance(result, NodeOutput):
         out = result

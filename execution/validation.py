@@ -18,6 +18,7 @@ import jsonschema
 
 from execution.errors import PromptError, node_error
 from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode, collector_paused
+from execution.spec import InputSpec, NodeSpec, Registry
 from execution.types import types_compatible
 
 PROMPT_SCHEMA = {
@@ -78,7 +79,8 @@ class ValidationMemo:
         self.hits = 0
 
     @staticmethod
-    def key(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> tuple | None:
+    def key(data: Any, registry: Registry, partial_targets: list[str] | None,
+            options: dict | None) -> tuple | None:
         """The memo key of one validation call, or None when `data` is not plain JSON-like data."""
         try:
             blob = marshal.dumps(data, 2)
@@ -89,7 +91,7 @@ class ValidationMemo:
         except (ValueError, TypeError):
             return None
         return (blob, settings, tuple(str(t) for t in partial_targets or ()), registry,
-                getattr(registry, "generation", None), tuple(getattr(registry, "graph_checks", ())))
+                registry.generation, tuple(registry.graph_checks))
 
     def get(self, key: tuple, data: dict) -> ValidatedPrompt | None:
         """A copy of the remembered result for `key`, its prompt's raw JSON being `data`."""
@@ -140,18 +142,15 @@ def check_structure(data: Any) -> None:
     raise PromptError("invalid_prompt", message, detail, extra_info={"node_id": node_id} if node_id else {})
 
 
-def _config_json(spec) -> Any:
-    try:
-        from_info = spec.options
-        return [spec.type, dict(from_info)]
-    except Exception:  # pragma: no cover
-        return None
+def _config_json(inp: InputSpec) -> list[Any]:
+    """An input's declaration as an error's `input_config` shows it: `[TYPE, options]`."""
+    return [inp.type, dict(inp.options)]
 
 
 class _NodeChecker:
     """Checks one prompt's nodes, each once, collecting their errors."""
 
-    def __init__(self, prompt: Prompt, registry):
+    def __init__(self, prompt: Prompt, registry: Registry):
         self.prompt = prompt
         self.registry = registry
         self.errors: dict[str, list[dict]] = {}
@@ -206,11 +205,11 @@ class _NodeChecker:
                 coerced = self.check_constant(node, name, inp, value)
                 if coerced is not _INVALID:
                     node.inputs[name] = coerced
-        if len(self.errors.get(node.id, ())) == before and getattr(spec, "validate_inputs", None):
-            self.custom_validation(node, spec, flat)
+        if len(self.errors.get(node.id, ())) == before and spec.validate_inputs is not None:
+            self.custom_validation(node, spec)
         return len(self.errors.get(node.id, ())) == 0
 
-    def check_link(self, node: PromptNode, name: str, inp, link: Link) -> None:
+    def check_link(self, node: PromptNode, name: str, inp: InputSpec, link: Link) -> None:
         source = self.prompt.nodes.get(link.node)
         if source is None:
             self.fail(node, node_error(
@@ -238,7 +237,7 @@ class _NodeChecker:
                 f"{name}: expected {inp.type}, received {source_type}", input_name=name,
                 input_config=_config_json(inp), received_value=link.to_json()))
 
-    def check_constant(self, node: PromptNode, name: str, inp, value: Any) -> Any:
+    def check_constant(self, node: PromptNode, name: str, inp: InputSpec, value: Any) -> Any:
         kind = inp.type
         opts = inp.options
         try:
@@ -288,19 +287,16 @@ class _NodeChecker:
                     f"Node {node.label}: input '{name}' is {value}, bigger than its maximum {high}",
                     f"{name}: {value} > {high}", input_name=name, input_config=_config_json(inp), received_value=value))
                 return _INVALID
-        if kind == "COMBO" or getattr(inp, "dynamic_options", None):
+        if kind == "COMBO" or inp.dynamic_options:
             choices = list(inp.dynamic_options) if inp.dynamic_options else inp.choice_list()
             if isinstance(value, list) and not inp.dynamic_options and opts.get("multiselect"):
                 bad = [v for v in value if v not in choices]
             else:
                 bad = [] if value in choices else [value]
             if bad:
-                folder = getattr(inp, "folder", "")
-                if callable(folder):  # a file list names the folder it actually searched
-                    folder = folder()
+                folder = inp.searched_folder()  # a file list names the folder it actually searched
                 where = f" (searched folder: {folder})" if folder else ""
-                hint = getattr(inp, "missing_hint", None)
-                hint = hint() if callable(hint) else ""
+                hint = inp.missing_file_hint()
                 if hint:
                     where += f"; {hint}"
                 shown = choices if len(choices) <= 20 else choices[:20] + ["..."]
@@ -312,8 +308,8 @@ class _NodeChecker:
                 return _INVALID
         return value
 
-    def custom_validation(self, node: PromptNode, spec, flat: dict) -> None:
-        takes = getattr(spec, "validate_takes", frozenset()) or frozenset()
+    def custom_validation(self, node: PromptNode, spec: NodeSpec) -> None:
+        takes = spec.validate_takes
         kwargs = {}
         for name, value in node.inputs.items():
             if type(value) is Link:
@@ -344,7 +340,7 @@ class _NodeChecker:
 _INVALID = object()
 
 
-def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = None,
+def validate_prompt(data: Any, registry: Registry, *, partial_targets: list[str] | None = None,
                     options: dict | None = None, memo: ValidationMemo | None = None) -> ValidatedPrompt:
     """Validate an API prompt; raise PromptError (ComfyUI's shape) when nothing can run.
 
@@ -364,7 +360,7 @@ def validate_prompt(data: Any, registry, *, partial_targets: list[str] | None = 
     return validated
 
 
-def _validate(data: Any, registry, partial_targets: list[str] | None, options: dict | None) -> ValidatedPrompt:
+def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, options: dict | None) -> ValidatedPrompt:
     check_structure(data)
     prompt = Prompt.from_api(data)
     outputs = []
@@ -403,7 +399,7 @@ def _validate(data: Any, registry, partial_targets: list[str] | None, options: d
                           " -> ".join(cycle.path), node_errors=node_errors) from None
 
     good = [o for o in outputs if o not in checker.unusable]
-    for graph_check in getattr(registry, "graph_checks", ()):
+    for graph_check in registry.graph_checks:
         for nid, errs in (graph_check(prompt, registry, options or {}) or {}).items():
             checker.errors.setdefault(nid, []).extend(errs)
             affected = [o for o in good if nid in set(prompt.ancestors([o]))] or list(good)

@@ -5,7 +5,7 @@ import functools
 import inspect
 from typing import Any
 
-from nodes.spec import (
+from execution.spec import (
     AUTOGROW, DYNAMIC_COMBO, HIDDEN_VALUES, InputSpec, NodeDefinitionError, NodeSpec, OutputSpec,
 )
 

@@ -38,7 +38,7 @@ from urllib.parse import quote
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
 from nodes.registry import NodeRegistry
-from nodes.spec import NodeDefinitionError, NodeSpec
+from execution.spec import NodeDefinitionError, NodeSpec
 
 logger = logging.getLogger(__name__)
 

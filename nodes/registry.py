@@ -1,20 +1,20 @@
 """The node registry: every NodeSpec the application knows, built-ins and plugins alike."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable, Iterator
 
-from nodes.spec import NodeDefinitionError, NodeSpec
+from execution.spec import GraphCheck, NodeDefinitionError, NodeSpec
 
 
 class NodeRegistry:
-    """Node id -> NodeSpec. Registration refuses duplicates unless an override is asked for."""
+    """Node id -> NodeSpec (execution's `Registry`). Registration refuses duplicates unless an
+    override is asked for."""
 
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
         self._origin: dict[str, str] = {}
-        # Checks over the whole prompt (such as loop pairing), run by validation after the per-node
-        # checks: fn(prompt, registry, options) -> {node_id: [node_error, ...]}.
-        self.graph_checks: list = []
+        # Checks over the whole prompt (such as loop pairing), run by validation after the per-node checks.
+        self.graph_checks: list[GraphCheck] = []
         self.generation = 0  # grows with every registration, so memos keyed on it notice changes
 
     def register(self, spec: NodeSpec, *, origin: str = "built-in", override: bool = False) -> None:
@@ -54,18 +54,11 @@ class NodeRegistry:
     def __contains__(self, node_id: str) -> bool:
         return node_id in self._specs
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[NodeSpec]:
         return iter(self._specs.values())
 
     def __len__(self) -> int:
         return len(self._specs)
-
-    def object_info(self, node_id: str | None = None) -> dict[str, Any]:
-        """`/object_info` for every node, or for one (empty dict when unknown)."""
-        if node_id is not None:
-            spec = self._specs.get(node_id)
-            return {node_id: spec.object_info()} if spec else {}
-        return {nid: spec.object_info() for nid, spec in self._specs.items()}
 
 
 def builtin_registry() -> NodeRegistry:

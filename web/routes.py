@@ -20,6 +20,7 @@ from execution.errors import PromptError
 from execution.jobs import API_TO_STORE, Job, workflow_id_of
 from execution.paths import MODEL_FOLDERS, UnsafePathError
 from web.files import refuses_os_errors
+from web.object_info import object_info
 from web.security import JsonTooDeep, json_error, loads_bounded
 from web.state import STATE_KEY, WEFT_VERSION, ServerState
 
@@ -356,14 +357,14 @@ async def post_jobs_cancel(request: web.Request) -> web.Response:
 async def get_object_info(request: web.Request) -> web.Response:
     """Every node's definition, generated from its NodeSpec."""
     registry = state_of(request).runtime.registry
-    info = await asyncio.get_running_loop().run_in_executor(None, registry.object_info)
+    info = await asyncio.get_running_loop().run_in_executor(None, object_info, registry)
     return web.json_response(info)
 
 
 async def get_object_info_node(request: web.Request) -> web.Response:
     """One node's definition (`{}` when unknown)."""
     registry = state_of(request).runtime.registry
-    return web.json_response(registry.object_info(request.match_info["node_class"]))
+    return web.json_response(object_info(registry, request.match_info["node_class"]))
 
 
 def _plugin_json(report: Any) -> Any:

@@ -23,6 +23,7 @@ from execution.events import EventBus
 from execution.paths import Paths
 from execution.scheduler import Executor
 from execution.validation import validate_prompt
+from web.object_info import object_info
 
 TINY_NAMES = {
     "transformer": ("diffusion_models", "h3_tiny_transformer.safetensors"),
@@ -193,7 +194,7 @@ H3_NODE_IDS = (
 def test_nodes_are_registered_with_comfyui_inputs_and_outputs(registry):
     for node_id in H3_NODE_IDS:
         assert node_id in registry, node_id
-    info = registry.object_info()
+    info = object_info(registry)
     assert info["CLIPTextEncode"]["input_order"]["required"] == ["text", "clip"]
     assert info["KSampler"]["input_order"]["required"] == [
         "model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative", "latent_image", "denoise"]

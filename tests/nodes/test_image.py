@@ -12,6 +12,7 @@ import nodes.image as image_nodes
 from execution.context import RunContext, activate, deactivate
 from execution.paths import Paths, UnsafePathError
 from execution.validation import validate_prompt
+from web.object_info import node_info
 
 SPECS = {spec.node_id: spec for spec in image_nodes.NODES}
 
@@ -98,7 +99,7 @@ def test_load_image_choices_list_images_in_input_folder_only(ctx):
     write_rgba(ctx.paths.output / "elsewhere.png")
     choices = SPECS["LoadImage"].input("image").choice_list()
     assert choices == ["b.png", "sub/c.webp"]
-    info = SPECS["LoadImage"].object_info()["input"]["required"]["image"]
+    info = node_info(SPECS["LoadImage"])["input"]["required"]["image"]
     assert info[0] == choices and info[1]["image_upload"] is True
 
 
@@ -260,16 +261,16 @@ def test_get_image_size_reports_and_shows_text(ctx, events):
 # ---------------------------------------------------------------------- declarations, executor
 def test_declarations_match_comfyui():
     def order(node_id):
-        return SPECS[node_id].object_info()["input_order"]
+        return node_info(SPECS[node_id])["input_order"]
 
     assert order("LoadImage") == {"required": ["image"]}
     assert order("SaveImage") == {"required": ["images", "filename_prefix"], "hidden": ["prompt", "extra_pnginfo"]}
     assert order("ImageScale")["required"] == ["image", "upscale_method", "width", "height", "crop"]
     assert order("ImageScaleToTotalPixels")["required"] == ["image", "upscale_method", "megapixels", "resolution_steps"]
     assert order("EmptyImage")["required"] == ["width", "height", "batch_size", "color"]
-    assert SPECS["LoadImage"].object_info()["output"] == ["IMAGE", "MASK"]
-    assert SPECS["GetImageSize"].object_info()["output_name"] == ["width", "height", "batch_size"]
-    assert SPECS["SaveImage"].object_info()["input"]["required"]["filename_prefix"][1]["default"] == "ComfyUI"
+    assert node_info(SPECS["LoadImage"])["output"] == ["IMAGE", "MASK"]
+    assert node_info(SPECS["GetImageSize"])["output_name"] == ["width", "height", "batch_size"]
+    assert node_info(SPECS["SaveImage"])["input"]["required"]["filename_prefix"][1]["default"] == "ComfyUI"
 
 
 def test_workflow_runs_through_executor(runner, paths):

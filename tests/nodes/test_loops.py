@@ -22,6 +22,7 @@ from execution.scheduler import Executor
 from execution.validation import validate_prompt
 from nodes.loops import check_loops, content_key
 from tests.conftest import Runner
+from web.object_info import object_info
 
 
 # ---------------------------------------------------------------------- helpers
@@ -78,7 +79,7 @@ def loop_errors(error: PromptError) -> dict[str, set[str]]:
 
 # ---------------------------------------------------------------------- schema
 def test_schema_matches_comfyui_loop_nodes(registry):
-    info = registry.object_info()
+    info = object_info(registry)
     s, e = info["StartLoop"], info["EndLoop"]
     mode = s["input"]["required"]["mode"]
     assert mode[0] == "COMFY_DYNAMICCOMBO_V3"

@@ -14,6 +14,7 @@ import torch
 import nodes.media as media
 from execution.context import ExecutionInterrupted, RunContext, activate, deactivate
 from execution.paths import Paths, UnsafePathError
+from web.object_info import node_info
 
 SPECS = {spec.node_id: spec for spec in media.NODES}
 SR = media.MP4_AUDIO_SAMPLE_RATE_HZ
@@ -192,7 +193,7 @@ def test_load_video_round_trip(ctx):
     shutil.copy(ctx.paths.output / "video" / entry["filename"], ctx.paths.input / "in.mp4")
     (ctx.paths.input / "notes.txt").write_text("x")
     assert SPECS["LoadVideo"].input("file").choice_list() == ["in.mp4"]
-    assert SPECS["LoadVideo"].object_info()["input"]["required"]["file"][1]["video_upload"] is True
+    assert node_info(SPECS["LoadVideo"])["input"]["required"]["file"][1]["video_upload"] is True
     (loaded,) = run("LoadVideo", file="in.mp4")
     assert loaded.get_dimensions() == (48, 32) and loaded.get_frame_rate() == 24
     assert loaded.get_frame_count() == 22
@@ -326,7 +327,7 @@ def test_resampling_and_channel_helpers():
 
 def test_declarations_match_comfyui():
     def info(node_id):
-        return SPECS[node_id].object_info()
+        return node_info(SPECS[node_id])
 
     assert info("SaveVideo")["input_order"] == {
         "required": ["video", "filename_prefix", "format", "codec"], "hidden": ["prompt", "extra_pnginfo"]}

@@ -22,6 +22,7 @@ from execution.scheduler import Executor
 from execution.validation import validate_prompt
 from nodes import plugins
 from nodes.registry import builtin_registry
+from web.object_info import object_info
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PACK = ROOT / "custom_nodes" / "example_pack"
@@ -81,7 +82,7 @@ def test_example_pack_declares_its_nodes_with_its_module_name():
     assert report.status == "loaded", report.reason
     assert set(report.node_ids) == {"ExampleGradient", "ExampleInvertImage", "ExampleLazySwitch",
                                     "ExampleSplitText", "ExampleJoinText", "ExamplePreviewImage"}
-    info = registry.object_info()
+    info = object_info(registry)
     for node_id in report.node_ids:
         assert info[node_id]["python_module"] == "custom_nodes.example_pack"
         assert registry.origin(node_id) == "custom_nodes.example_pack"
@@ -126,7 +127,7 @@ def test_example_pack_runs_in_a_workflow(paths):
 
 
 def test_testing_pack_is_loaded_through_the_plugin_loader(registry):
-    assert registry.object_info("TestAdd")["TestAdd"]["python_module"] == "custom_nodes.nodes_pack"
+    assert object_info(registry, "TestAdd")["TestAdd"]["python_module"] == "custom_nodes.nodes_pack"
 
 
 # ---------------------------------------------------------------------- failure isolation

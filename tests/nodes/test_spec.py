@@ -8,6 +8,7 @@ import pytest
 from nodes.classic import spec_from_class, specs_from_mappings
 from nodes.registry import NodeRegistry, builtin_registry
 from nodes.spec import Input, InputSpec, NodeDefinitionError, NodeSpec, Output
+from web.object_info import node_info, object_info
 
 OBJECT_INFO_FIELDS = {
     "input", "input_order", "is_input_list", "output", "output_is_list", "output_name", "output_tooltips",
@@ -69,7 +70,7 @@ def test_classic_adapter_reads_every_field():
             return (image, [1, 2])
 
     spec = spec_from_class("Classic", Classic, python_module="custom_nodes.pack")
-    info = spec.object_info()
+    info = node_info(spec)
     assert OBJECT_INFO_FIELDS <= set(info)
     assert info["input"]["required"]["mode"] == [["fast", "slow"], {"default": "slow"}]
     assert info["input"]["hidden"] == {"unique_id": ["UNIQUE_ID"]}
@@ -119,7 +120,7 @@ def test_dynamic_inputs_in_object_info():
         Input.dynamic_combo("mode", {"simple": [Input.int("n", 4, min=0)], "For": [Input.int("step", 1, min=1)]}),
         Input.autogrow("group", Input.link("item", "*"), prefix="item_", max=3),
     ])
-    info = spec.object_info()
+    info = node_info(spec)
     mode = info["input"]["required"]["mode"]
     assert mode[0] == "COMFY_DYNAMICCOMBO_V3"
     assert [o["key"] for o in mode[1]["options"]] == ["simple", "For"]
@@ -134,7 +135,7 @@ def test_dynamic_inputs_in_object_info():
 
 
 def test_builtin_object_info_is_json_with_big_integers():
-    info = builtin_registry().object_info()
+    info = object_info(builtin_registry())
     text = json.dumps(info)
     assert "9223372036854775807" in text
     for name, entry in info.items():
