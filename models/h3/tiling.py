@@ -1,12 +1,20 @@
-"""Overlapping tiles with linear blending, shared by the video VAE's encode/decode and any VAE that wants them.
+"""Overlapping tiles composed in sequence, shared by the video VAE's encode/decode and any VAE that wants them.
 
 A 1-D plan covers `length` with tiles of `tile` units overlapping by at least `min_overlap`; the overlap
-left over when the tiles do not fit exactly is spread over the seams in steps of `step` units. Blending
-weights ramp linearly across the middle half of each seam and are 0 (or 1) over its outer quarters, so a
-tile's outermost o/4 units (where a decoder sees the tile border) never reach the output, and where two
-tiles meet their weights sum to 1: a decoder whose receptive field is under a quarter of the overlap
-gives exactly the untiled result. Tiles are accumulated as `tile * weight` into one zero canvas; when a large leftover
-makes three tiles overlap, dividing by the (separable, H x W only) weight sum keeps the blend exact.
+left over when the tiles do not fit exactly is spread over the seams in steps of `step` units.
+
+Composition follows the H3 reference VAEs (ComfyUI's and diffusers'): tiles are taken in raster order and
+each one is cross-faded into its upper neighbour over the whole vertical overlap, then into its left
+neighbour over the whole horizontal overlap, the incoming tile's weight rising linearly as k / overlap
+(k = 0 .. overlap - 1) from its leading edge. Each neighbour enters as it was decoded, not as already
+blended, and every output position belongs to the last tile (in raster order) that starts at or before it.
+At a corner where four tiles meet, the owner (i, j) therefore mixes three tiles:
+
+    out = wx * (wy * T[i, j] + (1 - wy) * T[i - 1, j]) + (1 - wx) * T[i, j - 1]
+
+with T[i - 1, j - 1] absent. That is the same as every tile adding `tile * weight` into one zero canvas
+with the non-separable weight map of `blend_weights_2d`, whose maps sum to exactly 1 everywhere, so tiles
+can be decoded in any order and in batches.
 
 Also here, for every decoder that sizes its work by memory: `free_bytes()` (the memory manager's figure),
 `is_out_of_memory(err)`, and `measure_peak_bytes(fn, device)`, which runs `fn` and reports the most bytes
@@ -33,41 +41,22 @@ class TilePlan:
     starts: tuple[int, ...]
     overlaps: tuple[int, ...]
 
-    def weights(self, i: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Blend weights (size,) of tile i: rising over the seam with the previous tile, falling over the next."""
+    def owned_stop(self, i: int) -> int:
+        """End (tile-local) of the span tile i owns: up to where tile i + 1 starts, or its whole size if last."""
+        return self.size - self.overlaps[i] if i < len(self.starts) - 1 else self.size
+
+    def lead_ramp(self, i: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(size,) weight of tile i against its predecessor: k / overlap over the leading overlap, then 1."""
         w = torch.ones(self.size, dtype=dtype)
         if i > 0:
             o = self.overlaps[i - 1]
-            w[:o] = _ramp(o, dtype)
-        if i < len(self.starts) - 1:
-            o = self.overlaps[i]
-            w[self.size - o:] = torch.minimum(w[self.size - o:], 1.0 - _ramp(o, dtype))
+            w[:o] = torch.arange(o, dtype=dtype) / o
         return w
-
-    def weight_sum(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(length,) sum of all tiles' weights: 1 wherever at most two tiles overlap."""
-        total = torch.zeros(self.length, dtype=dtype)
-        for i, start in enumerate(self.starts):
-            total[start:start + self.size] += self.weights(i, dtype)
-        return total
-
-    @property
-    def exact(self) -> bool:
-        """True when weights already sum to 1 everywhere (no normalisation needed)."""
-        return bool(torch.allclose(self.weight_sum(torch.float64), torch.ones(self.length, dtype=torch.float64)))
 
     def scaled(self, factor: float) -> "TilePlan":
         """The same plan in other units (e.g. latent pixels -> pixels with factor 16)."""
         f = lambda v: int(round(v * factor))  # noqa: E731
         return TilePlan(f(self.length), f(self.size), tuple(f(s) for s in self.starts), tuple(f(o) for o in self.overlaps))
-
-
-def _ramp(overlap: int, dtype: torch.dtype) -> torch.Tensor:
-    # 0 over the first quarter, linear over the middle half, 1 over the last quarter of the seam.
-    margin = overlap // 4
-    length = overlap - 2 * margin
-    k = torch.arange(overlap, dtype=dtype)
-    return ((k - margin + 1) / (length + 1)).clamp(0.0, 1.0)
 
 
 def plan_tiles(length: int, tile: int, min_overlap: int, step: int = 1) -> TilePlan:
@@ -94,16 +83,25 @@ def plan_tiles(length: int, tile: int, min_overlap: int, step: int = 1) -> TileP
 
 
 def blend_weights_2d(plan_h: TilePlan, plan_w: TilePlan, i: int, j: int) -> torch.Tensor:
-    """(size_h, size_w) blend weights of tile (i, j)."""
-    return plan_h.weights(i)[:, None] * plan_w.weights(j)[None, :]
+    """(size_h, size_w) weight of tile (i, j) in the sequential composition (see the module docstring).
 
-
-def normalise(canvas: torch.Tensor, plan_h: TilePlan, plan_w: TilePlan) -> torch.Tensor:
-    """Divide an accumulated canvas (..., H, W) by the weight sum, in place, when it is not 1 everywhere."""
-    if not (plan_h.exact and plan_w.exact):
-        total = plan_h.weight_sum()[:, None] * plan_w.weight_sum()[None, :]
-        canvas /= total.to(canvas.device, canvas.dtype)
-    return canvas
+    Three disjoint parts: the span the tile owns (its own ramps, one per axis), the band below it that
+    tile (i + 1, j) owns (1 - that tile's vertical ramp, times this tile's horizontal ramp), and the band
+    to its right that tile (i, j + 1) owns (1 - that tile's horizontal ramp, no vertical factor).
+    """
+    rows, cols = plan_h.lead_ramp(i), plan_w.lead_ramp(j)
+    own_h, own_w = plan_h.owned_stop(i), plan_w.owned_stop(j)
+    w = torch.zeros(plan_h.size, plan_w.size)
+    w[:own_h, :own_w] = rows[:own_h, None] * cols[None, :own_w]
+    if i < len(plan_h.starts) - 1:
+        n = min(plan_h.overlaps[i], plan_h.owned_stop(i + 1))
+        below = 1.0 - plan_h.lead_ramp(i + 1)[:n]
+        w[own_h:own_h + n, :own_w] = below[:, None] * cols[None, :own_w]
+    if j < len(plan_w.starts) - 1:
+        n = min(plan_w.overlaps[j], plan_w.owned_stop(j + 1))
+        right = 1.0 - plan_w.lead_ramp(j + 1)[:n]
+        w[:own_h, own_w:own_w + n] = right[None, :]
+    return w
 
 
 # Memory figures for decoders that size their work by memory ------------------------------------

@@ -8,7 +8,8 @@ reflection in space, and GroupNorm statistics are per frame, so latent 0 depends
 Decoder: a ViT over latent tokens (each token -> 4 frames x 16 x 16 pixels) that decodes in overlapping
 temporal chunks of 7 tokens (a 17-frame clip plus the 2 tokens that start the next one, whose 5 frames
 are blended linearly with the next chunk) and in spatial tiles of 256 pixels overlapping by at least 64
-(the window it was trained on; leftover overlap spread in 16-pixel steps, blended linearly), written
+(the window it was trained on; leftover overlap spread in 16-pixel steps; tiles composed in sequence with
+a linear ramp over the whole overlap, as the reference VAEs do: models/h3/tiling.py), written
 straight into one preallocated output canvas. Up to 4 tiles go through the decoder per call, as many as
 the free device memory allows at the measured cost of one tile; an out-of-memory error halves the batch
 and retries. A lone latent (T' = 1, an image) is decoded as a 2-latent clip whose first frame is kept;
@@ -290,7 +291,7 @@ class _CanvasWriter:
 
     Each tile is turned into pixels ([0, 1] scale), multiplied by its spatial x temporal blend weight and
     added in place into its region: no full-frame intermediate and no concatenation of tiles. Because the
-    weights sum to 1 over every pixel (or are divided out by `finish`), the affine pixel de-normalisation
+    weights sum to 1 over every pixel (models/h3/tiling.py), the affine pixel de-normalisation
     commutes with the blend; clamping to [0, 1] happens once, at the end, in place.
     """
 
@@ -331,10 +332,7 @@ class _CanvasWriter:
             done += frames
 
     def finish(self) -> torch.Tensor:
-        """Divide out the weight sum where three tiles overlapped, clamp to [0, 1] (both in place); the canvas."""
-        if not (self.plan_h.exact and self.plan_w.exact):
-            total = self.plan_h.weight_sum()[:, None] * self.plan_w.weight_sum()[None, :]   # (H, W)
-            self.canvas /= total[..., None]
+        """Clamp to [0, 1] in place (the blend weights already sum to 1 everywhere); the canvas."""
         return self.canvas.clamp_(0.0, 1.0)
 
 
@@ -425,7 +423,7 @@ class VideoVAE(nn.Module):
                     out = torch.zeros(*tile.shape[:3], lh.length, lw.length, dtype=tile.dtype, device=tile.device)
                 weight = tiling.blend_weights_2d(lh, lw, i, j).to(tile.device)
                 out[..., lh.starts[i]:lh.starts[i] + lh.size, lw.starts[j]:lw.starts[j] + lw.size] += tile * weight
-        return tiling.normalise(out, lh, lw)
+        return out
 
     # Decoding -----------------------------------------------------------------------------------
 
