@@ -116,7 +116,63 @@ def load_state_dict(path: str, *, keys: list[str] | None = None) -> dict[str, to
     return out
 
 
+# Weight normalisation ----------------------------------------------------------------------------
+
+# How original (training) checkpoints store a weight-normalised layer: a gain and a direction tensor, in
+# torch's old `weight_norm` spelling or its parametrization spelling. Weft folds them into the plain
+# weight at load, so the model itself never carries the reparametrisation.
+WEIGHT_NORM_SPELLINGS = ((".weight_g", ".weight_v"),
+                         (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
+
+
+def split_weight_norm(file_keys: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Remove weight-norm pairs from file_keys (model key -> file key); return {weight key: (gain key, direction key)}.
+
+    A gain without its direction (or the reverse) is refused naming the key.
+    """
+    folded: dict[str, tuple[str, str]] = {}
+    for gain_suffix, direction_suffix in WEIGHT_NORM_SPELLINGS:
+        for key in [k for k in file_keys if k.endswith(gain_suffix) or k.endswith(direction_suffix)]:
+            if key not in file_keys:
+                continue
+            layer = key[:-len(gain_suffix)] if key.endswith(gain_suffix) else key[:-len(direction_suffix)]
+            gain, direction = layer + gain_suffix, layer + direction_suffix
+            if gain not in file_keys or direction not in file_keys:
+                present = gain if gain in file_keys else direction
+                raise ValueError(f"weight-normalised layer {layer!r} stores {file_keys[present]!r} without its "
+                                 f"{'direction' if present == gain else 'gain'} tensor")
+            if layer + ".weight" in file_keys:
+                raise ValueError(f"layer {layer!r} stores both a plain weight and a weight-norm gain/direction pair")
+            folded[layer + ".weight"] = (file_keys.pop(gain), file_keys.pop(direction))
+    return folded
+
+
+def fold_weight_norm(gain: torch.Tensor, direction: torch.Tensor, what: str = "layer") -> torch.Tensor:
+    """The plain weight of a weight-normalised layer: gain * direction / ||direction||, in float32.
+
+    As torch.nn.utils.weight_norm defines it, the norm runs over every dim where the gain has size 1 (so a
+    gain of shape (C, 1, 1) normalises each slice along dim 0; a single-element gain normalises the whole tensor).
+    """
+    v = direction.float()
+    g = gain.float()
+    if g.numel() == 1:
+        return v * (g.reshape(()) / v.norm())
+    if g.dim() != v.dim() or any(gs not in (1, vs) for gs, vs in zip(g.shape, v.shape)):
+        raise ValueError(f"{what}: weight-norm gain of shape {list(g.shape)} does not fit its direction of shape "
+                         f"{list(v.shape)} (expected size 1 or the direction's size in every dim)")
+    dims = [d for d in range(v.dim()) if g.shape[d] == 1]
+    return v * (g / v.norm(dim=dims, keepdim=True))
+
+
 # Detection ---------------------------------------------------------------------------------------
+
+def _stores_weight(tensors: dict, key: str) -> bool:
+    # A marker weight may be stored plainly or weight-normalised (original training checkpoints).
+    if key in tensors:
+        return True
+    layer = key[:-len(".weight")] if key.endswith(".weight") else None
+    return layer is not None and any(layer + direction in tensors for _, direction in WEIGHT_NORM_SPELLINGS)
+
 
 def detect(header: Header) -> tuple[str, str]:
     """(architecture, key prefix) of a checkpoint, recognised by its marker keys; ValueError when unknown."""
@@ -124,7 +180,7 @@ def detect(header: Header) -> tuple[str, str]:
         for key in header.tensors:
             if key.endswith(first):
                 prefix = key[:-len(first)]
-                if prefix + second in header.tensors and (not prefix or prefix.endswith(".")):
+                if _stores_weight(header.tensors, prefix + second) and (not prefix or prefix.endswith(".")):
                     return kind, prefix
     sample = ", ".join(sorted(header.tensors)[:6]) or "no tensors"
     raise ValueError(f"{os.path.basename(header.path)}: unknown architecture (first keys: {sample}); "
@@ -300,10 +356,12 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     stored_keys = {key for sources in plan.sources.values() for key in sources.values()}
     file_keys = {k: v for k, v in file_keys.items() if v not in plan.marker_keys and v not in stored_keys}
     _check_quantisation(header, list(file_keys.values()))
+    folded = split_weight_norm(file_keys)
     for layer, sources in plan.sources.items():
         for leaf, key in sources.items():
             file_keys[f"{layer}.{leaf}"] = key
     shapes = {k: header.tensors[v].shape for k, v in file_keys.items()}
+    shapes.update({k: header.tensors[direction].shape for k, (_, direction) in folded.items()})
     shapes.update({f"{layer}.weight": dense_shape(quant.format, shapes[f"{layer}.weight"])
                    for layer, quant in plan.layers.items()})
     config_fn, cls = _builders()[kind]
@@ -320,8 +378,8 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
                          {v: header.tensors[v].dtype for v in stored_keys}, dtype, name)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     ignored = IGNORED_KEYS.get(kind)
-    unexpected = [k for k in file_keys if k not in expected and not (ignored and ignored.match(k))]
-    missing = [k for k in expected if k not in file_keys]
+    unexpected = [k for k in list(file_keys) + list(folded) if k not in expected and not (ignored and ignored.match(k))]
+    missing = [k for k in expected if k not in file_keys and k not in folded]
     if missing:
         raise ValueError(f"{name}: {kind} checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
@@ -329,7 +387,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
         raise ValueError(f"{name}: unexpected tensor(s) for a {kind} with the recovered config: "
                          f"{', '.join(prefix + k for k in unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
     for key, shape in expected.items():
-        found = header.tensors[file_keys[key]].shape
+        found = header.tensors[file_keys[key] if key in file_keys else folded[key][1]].shape
         if tuple(found) != shape:
             raise ValueError(f"{name}: tensor {prefix + key!r} has shape {list(found)}, expected {list(shape)} "
                              f"for the recovered {kind} config")
@@ -337,10 +395,14 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     state = {}
     with safe_open(header.path, framework="pt", device="cpu") as f:
         for key in expected:
-            tensor = f.get_tensor(file_keys[key])
-            if file_keys[key] in stored_keys:  # quantized codes and scales keep their stored dtypes
-                state[key] = tensor.to(device=device)
-                continue
+            if key in folded:
+                gain, direction = folded[key]
+                tensor = fold_weight_norm(f.get_tensor(gain), f.get_tensor(direction), f"{name}: {prefix + key}")
+            else:
+                tensor = f.get_tensor(file_keys[key])
+                if file_keys[key] in stored_keys:  # quantized codes and scales keep their stored dtypes
+                    state[key] = tensor.to(device=device)
+                    continue
             target = torch.float32 if _float32_key(kind, key) else dtype
             state[key] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, assign=True)
