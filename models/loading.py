@@ -164,6 +164,38 @@ def fold_weight_norm(gain: torch.Tensor, direction: torch.Tensor, what: str = "l
     return v * (g / v.norm(dim=dims, keepdim=True))
 
 
+# Fused qkv row order -------------------------------------------------------------------------------
+
+# The H3 transformer fuses q, k and v into one `attn.qkv_proj` weight. Every published single-file
+# checkpoint stacks them ([all q rows; all k rows; all v rows]); the MiniMaxAI training shards interleave
+# them per head ([head 0: q k v, head 1: q k v, ...]). Keys and shapes are identical, so the file cannot
+# tell: a file merged from those shards by hand must say so, through `qkv_layout` in its safetensors
+# metadata or the loader's `qkv_layout` argument.
+QKV_LAYOUTS = ("stacked", "interleaved")
+QKV_LAYOUT_METADATA = "qkv_layout"
+_QKV_KEY = re.compile(r"^(blocks|token_refiner\.blocks)\.\d+\.attn\.qkv_proj\.weight$")
+
+
+def resolve_qkv_layout(requested: str | None, metadata: dict[str, str], name: str) -> str:
+    """The fused-qkv row order to read: the caller's, the file's `qkv_layout` metadata, or "stacked"; conflicts refused."""
+    declared = metadata.get(QKV_LAYOUT_METADATA)
+    for value, source in ((requested, "the qkv_layout option"), (declared, f"{name}'s {QKV_LAYOUT_METADATA} metadata")):
+        if value is not None and value not in QKV_LAYOUTS:
+            raise ValueError(f"{source} is {value!r}; expected one of {', '.join(QKV_LAYOUTS)}")
+    if requested is not None and declared is not None and requested != declared:
+        raise ValueError(f"{name} declares its fused qkv rows {declared}, but the qkv_layout option asks for "
+                         f"{requested}; drop the option or fix the file's metadata")
+    return requested or declared or "stacked"
+
+
+def stack_interleaved_qkv(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows [head: q k v, ...] -> [q of every head; k ...; v ...] (the order Weft's attention reads)."""
+    rows, cols = weight.shape
+    if rows % (3 * heads):
+        raise ValueError(f"fused qkv weight of {rows} rows does not split into q, k and v for {heads} heads")
+    return weight.reshape(heads, 3, rows // (3 * heads), cols).transpose(0, 1).reshape(rows, cols)
+
+
 # Detection ---------------------------------------------------------------------------------------
 
 def _stores_weight(tensors: dict, key: str) -> bool:
@@ -332,17 +364,23 @@ def _float32_key(kind: str, key: str) -> bool:
 
 
 def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype: torch.dtype | None = None,
-               device: torch.device | str = "cpu") -> LoadedModel:
+               device: torch.device | str = "cpu", qkv_layout: str | None = None) -> LoadedModel:
     """Load an H3 model from a safetensors file: detect it, recover its config, check every shape, fill the weights.
 
     expect: the architecture(s) the caller accepts (refused otherwise, naming what was found). dtype: the
     compute dtype of the weights (default: the file's dtype for float formats, float8 upcast to bfloat16);
     float32 islands (patch projections, time embedding, output heads, latent statistics) stay float32.
+    qkv_layout: the H3 transformer's fused qkv row order, "stacked" (every published single file) or
+    "interleaved" (a file merged by hand from the MiniMaxAI shards); default: the file's `qkv_layout`
+    metadata, else "stacked".
     """
     from safetensors import safe_open
     header = read_header(path)
     name = os.path.basename(header.path)
     kind, prefix = detect(header)
+    layout = resolve_qkv_layout(qkv_layout, header.metadata, name)
+    if layout != "stacked" and kind != "h3_transformer":
+        raise ValueError(f"{name} is a {kind.replace('_', ' ')}; a qkv layout applies only to the H3 transformer")
     if expect is not None:
         allowed = (expect,) if isinstance(expect, str) else tuple(expect)
         if kind not in allowed:
@@ -400,6 +438,11 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
                 tensor = fold_weight_norm(f.get_tensor(gain), f.get_tensor(direction), f"{name}: {prefix + key}")
             else:
                 tensor = f.get_tensor(file_keys[key])
+                if layout == "interleaved" and _QKV_KEY.match(key):
+                    if file_keys[key] in stored_keys:
+                        raise ValueError(f"{name}: {prefix + key} is quantized; interleaved qkv rows are read only from "
+                                         "float files (the MiniMaxAI shards); re-merge them unquantized")
+                    tensor = stack_interleaved_qkv(tensor, config.num_heads)
                 if file_keys[key] in stored_keys:  # quantized codes and scales keep their stored dtypes
                     state[key] = tensor.to(device=device)
                     continue

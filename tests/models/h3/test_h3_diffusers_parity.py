@@ -109,3 +109,47 @@ def test_weft_transformer_matches_diffusers_with_condition_rows(models):
     rv, ra = diffusers_forward(ref, video, audio, text, 0.7, 0.4, items=(ref_audio,))
     assert torch.allclose(v[0], rv, atol=1e-5, rtol=0), (v[0] - rv).abs().max()
     assert torch.allclose(a[0], ra, atol=1e-5, rtol=0), (a[0] - ra).abs().max()
+
+
+def interleave_qkv(state: dict, heads: int) -> dict:
+    """The MiniMaxAI shards' row order: for each head its q rows, then its k rows, then its v rows."""
+    out = dict(state)
+    for key, weight in state.items():
+        if key.endswith(".attn.qkv_proj.weight"):
+            q, k, v = weight.chunk(3, dim=0)
+            per_head = [part.reshape(heads, -1, weight.shape[1]) for part in (q, k, v)]
+            out[key] = torch.cat([torch.cat([p[h] for p in per_head]) for h in range(heads)]).contiguous()
+    return out
+
+
+def test_hand_merged_interleaved_qkv_reads_as_diffusers_reads_it(tmp_path):
+    from safetensors.torch import save_file
+
+    from models.loading import load_model
+    weft = build_tiny("transformer").float()
+    cfg = weft.config
+    merged = interleave_qkv({k: v.detach().clone().contiguous() for k, v in weft.state_dict().items()}, cfg.num_heads)
+    assert not torch.equal(merged["blocks.0.attn.qkv_proj.weight"], weft.state_dict()["blocks.0.attn.qkv_proj.weight"])
+    plain, marked = tmp_path / "merged.safetensors", tmp_path / "marked.safetensors"
+    save_file(merged, str(plain))
+    save_file(merged, str(marked), metadata={"qkv_layout": "interleaved"})
+
+    # diffusers' converter reading the same file as interleaved is the reference.
+    reference = MiniMaxH3Transformer3DModel(**diffusers_config(cfg)).eval()
+    reference.load_state_dict(convert_minimax_h3_transformer_checkpoint_to_diffusers(
+        dict(merged), diffusers_config(cfg), qkv_layout="interleaved"), strict=True)
+    video, audio, text = inputs(4)
+    rv, ra = diffusers_forward(reference, video, audio, text, 0.8, 0.5)
+    for loaded in (load_model(plain, qkv_layout="interleaved").model, load_model(marked).model):
+        with torch.no_grad():
+            v, a = loaded.float()(video[None], audio[None], text[None], 0.8, 0.5)
+        assert torch.allclose(v[0], rv, atol=1e-5, rtol=0) and torch.allclose(a[0], ra, atol=1e-5, rtol=0)
+
+    # Read as stacked (the default for an unmarked file) the same rows give another model.
+    with torch.no_grad():
+        v, _ = load_model(plain).model.float()(video[None], audio[None], text[None], 0.8, 0.5)
+    assert (v[0] - rv).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="declares its fused qkv rows interleaved"):
+        load_model(marked, qkv_layout="stacked")
+    with pytest.raises(ValueError, match="expected one of stacked, interleaved"):
+        load_model(plain, qkv_layout="per-head")
