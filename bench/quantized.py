@@ -1,0 +1,181 @@
+"""An int8-convrot H3 transformer (small config, pruned curve-AdaLN form) against the same model in bfloat16.
+
+(a) Memory: peak resident weight bytes under the memory manager while the int8 model runs, against
+    the int8 file's size (goal: at most 1.1x) and against the bfloat16 model's peak.
+(b) Time per denoising step (one transformer forward), side by side in the same rounds:
+      int8          the int8 backend: activations rotated online, quantized per token, torch._int_mm
+      dequantize    the same int8 model forced onto the reference (dequantize the weight, float product)
+      bf16          the bfloat16 model
+    Every float product runs the eager Linear in all three, so the comparison is about the weights'
+    format, not about compilation. On a machine with CUDA the whole table is measured on the GPU too.
+
+Both files are written by Weft's own writer (models/quant/writer.py) from one random model, with the
+layers the released files quantize (qkv, out, fc1, fc2 of every block; group 256).
+
+Run: .venv/bin/python bench/quantized.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels.quantized_linear import QUANTIZED_LINEAR  # noqa: E402
+from models import memory  # noqa: E402
+from models.h3.transformer import FLOAT32_PREFIXES, H3Transformer, H3TransformerConfig  # noqa: E402
+from models.loading import load_model  # noqa: E402
+from models.ops import QuantizedLinear  # noqa: E402
+from models.quant.writer import RELEASED_INT8_LAYERS, quantize_state_dict, save_quantized  # noqa: E402
+
+EAGER_FLOAT = "linear:eager"
+PATHS = {"int8": EAGER_FLOAT, "dequantize": EAGER_FLOAT + ",quantized_linear:eager", "bf16": EAGER_FLOAT}
+
+
+def small_config(quick: bool) -> H3TransformerConfig:
+    """A small H3 transformer in the released pruned form: widths divisible by the 256-column rotation group."""
+    return H3TransformerConfig(hidden_size=1024, num_layers=2 if quick else 4, refiner_layers=1, num_heads=8,
+                               head_dim=128, ffn_size=2816, text_dim=512, time_embed_dim=8,
+                               adaln_curve_points=1025, rope_freqs_per_axis=16)
+
+
+def write_files(directory: Path, config: H3TransformerConfig) -> dict[str, Path]:
+    """The bf16 file and the int8 convrot file of one seeded random model."""
+    torch.manual_seed(0)
+    model = H3Transformer(config)
+    state = {}
+    for key, value in model.state_dict().items():
+        if value.dim() >= 2 and key != "adaln_t_table":
+            value = torch.randn(value.shape) / value.shape[1] ** 0.5
+        elif key.endswith("norm.weight") or ".norm" in key:
+            value = torch.ones(value.shape)
+        elif key == "adaln_t_table":
+            value = 0.1 * torch.randn(value.shape)
+        elif key.endswith(".bias"):
+            value = 0.01 * torch.randn(value.shape)
+        keep32 = key.startswith(FLOAT32_PREFIXES)
+        state[key] = value.float() if keep32 else value.to(torch.bfloat16)
+    paths = {"bf16": directory / "h3_small_bf16.safetensors", "int8": directory / "h3_small_int8_convrot.safetensors"}
+    save_quantized(paths["bf16"], state)
+    quantized, metadata = quantize_state_dict(state, RELEASED_INT8_LAYERS["h3_transformer"], "int8_tensorwise",
+                                              rotation_group=256)
+    save_quantized(paths["int8"], quantized, metadata)
+    return paths
+
+
+def step_inputs(config: H3TransformerConfig, device: torch.device, quick: bool):
+    """One step's latents: video (1, 24, T, H, W), audio (1, 32, 2, Ta), text (1, L, text_dim)."""
+    gen = torch.Generator().manual_seed(1)
+    frames, size = (2, 16) if quick else (3, 24)
+    video = torch.randn(1, config.video_channels, frames, size, size, generator=gen)
+    audio = torch.randn(1, config.audio_channels, 2, 16, generator=gen)
+    text = torch.randn(1, 32, config.text_dim, generator=gen)
+    return video.to(device), audio.to(device), text.to(device), 0.7, 0.6
+
+
+def timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(device: torch.device, paths: dict[str, Path], config: H3TransformerConfig, rounds: int,
+            quick: bool) -> dict:
+    """Peak resident bytes and per-step times of the three paths on `device`."""
+    models = {"int8": load_model(paths["int8"]).model, "bf16": load_model(paths["bf16"]).model}
+    if not any(isinstance(m, QuantizedLinear) for m in models["int8"].modules()):
+        raise SystemExit("the int8 file loaded without quantized layers")
+    managers = {name: memory.MemoryManager(device=device, dtype=torch.bfloat16, mode="highvram") for name in models}
+    inputs = step_inputs(config, device, quick)
+    previous = os.environ.get("WEFT_KERNEL_BACKEND")
+    outputs, backends = {}, {}
+    try:
+        for path, forced in PATHS.items():  # warm-up; fills each manager; records peaks and backends
+            os.environ["WEFT_KERNEL_BACKEND"] = forced
+            model_name = "bf16" if path == "bf16" else "int8"
+            memory.activate(managers[model_name])
+            outputs[path] = models[model_name](*inputs)
+            backends[path] = QUANTIZED_LINEAR.last_backend if model_name == "int8" else "float"
+        times = {path: [] for path in PATHS}
+        for _ in range(rounds):
+            for path, forced in PATHS.items():
+                os.environ["WEFT_KERNEL_BACKEND"] = forced
+                model_name = "bf16" if path == "bf16" else "int8"
+                memory.activate(managers[model_name])
+                times[path].append(timed(lambda: models[model_name](*inputs), device))
+    finally:
+        memory.unconfigure()
+        if previous is None:
+            os.environ.pop("WEFT_KERNEL_BACKEND", None)
+        else:
+            os.environ["WEFT_KERNEL_BACKEND"] = previous
+    largest_dequantized = max(m.out_features * m.in_features * 2 for m in models["int8"].modules()
+                              if isinstance(m, QuantizedLinear))
+    reference_video = outputs["dequantize"][0].float()
+    drift = {path: float((outputs[path][0].float() - reference_video).abs().max() / reference_video.abs().max())
+             for path in ("int8", "bf16")}
+    return {
+        "peak_resident_bytes": {name: managers[name].stats().peak_resident_bytes for name in models},
+        "step_seconds": {path: statistics.median(values) for path, values in times.items()},
+        "backends": backends, "largest_dequantized_weight_bytes": largest_dequantized,
+        "video_drift_vs_dequantize": drift,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 blocks, fewer tokens and rounds")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    config = small_config(args.quick)
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rounds = 2 if args.quick else 5
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_files(Path(tmp), config)
+        sizes = {name: os.path.getsize(path) for name, path in paths.items()}
+        results = {str(device): measure(device, paths, config, rounds, args.quick) for device in devices}
+    print(f"H3 transformer: hidden {config.hidden_size}, {config.num_layers} blocks, ffn {config.ffn_size}, "
+          f"pruned curve AdaLN; files: int8 convrot {sizes['int8'] / 2**20:.1f} MiB, bf16 {sizes['bf16'] / 2**20:.1f} MiB"
+          f"{'' if len(devices) > 1 else '; no GPU on this machine: CPU only'}")
+    summary = {}
+    for device, result in results.items():
+        peak = result["peak_resident_bytes"]
+        steps = result["step_seconds"]
+        ratio_file = peak["int8"] / sizes["int8"]
+        print(f"\n[{device}] (a) peak resident weights while running")
+        print(f"  int8 {peak['int8'] / 2**20:8.1f} MiB = {ratio_file:.3f}x its file (goal <= 1.1x), "
+              f"{peak['int8'] / peak['bf16']:.3f}x the bf16 model's {peak['bf16'] / 2**20:.1f} MiB")
+        print(f"  largest dequantized weight alive during one op (reference path): "
+              f"{result['largest_dequantized_weight_bytes'] / 2**20:.1f} MiB")
+        print(f"[{device}] (b) time per step (median of {rounds}, same rounds)")
+        print(f"  {'path':<11} {'seconds':>8} {'vs bf16':>8} {'backend':>10} {'video drift':>12}")
+        for path in PATHS:
+            drift = result["video_drift_vs_dequantize"].get(path, 0.0)
+            print(f"  {path:<11} {steps[path]:>8.3f} {steps[path] / steps['bf16']:>7.2f}x {result['backends'][path]:>10} "
+                  f"{drift:>12.2e}")
+        summary[device] = {"peak_int8_over_file": round(ratio_file, 4),
+                           "peak_int8_over_bf16": round(peak["int8"] / peak["bf16"], 4),
+                           "step_s": {k: round(v, 4) for k, v in steps.items()},
+                           "int8_over_bf16": round(steps["int8"] / steps["bf16"], 3),
+                           "dequantize_over_bf16": round(steps["dequantize"] / steps["bf16"], 3),
+                           "int8_over_dequantize": round(steps["int8"] / steps["dequantize"], 3),
+                           "backends": result["backends"], "video_drift_vs_dequantize": result["video_drift_vs_dequantize"],
+                           "peak_resident_bytes": peak}
+    print(json.dumps({"bench": "quantized", "file_bytes": sizes, "hidden": config.hidden_size,
+                      "blocks": config.num_layers, "gpu": len(devices) > 1, "devices": summary}))
+
+
+if __name__ == "__main__":
+    main()
