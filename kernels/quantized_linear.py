@@ -30,12 +30,13 @@ FLOAT8_E4M3_MAX = 448.0
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
             residual_scale: torch.Tensor | float | None, out_dtype: torch.dtype) -> torch.Tensor:
     """float32 product rows -> bias, scale and residual added in float32, rounded once to the output dtype."""
+    # `y` is a fresh float32 tensor of the output's shape, so the epilogue works in place.
     if bias is not None:
-        y = y + bias.float()
+        y.add_(bias.float())
     if residual_scale is not None:
-        y = y * (residual_scale.float() if isinstance(residual_scale, torch.Tensor) else float(residual_scale))
+        y.mul_(residual_scale.float() if isinstance(residual_scale, torch.Tensor) else float(residual_scale))
     if residual is not None:
-        y = residual.float() + y
+        y = y.add_(residual.float()) if residual.shape == y.shape else residual.float() + y
     return y.to(residual.dtype if residual is not None else out_dtype)
 
 
@@ -61,9 +62,9 @@ def quantized_linear_eager(x: torch.Tensor, weight: QuantizedWeight, bias: torch
 def quantize_rows_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric int8: (M, K) floats -> int8 codes (M, K) and float32 row scales (M, 1)."""
     rows = rows.float()
-    scale = (rows.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=1e-30)
-    codes = torch.round(rows / scale).clamp_(-128, 127).to(torch.int8)
-    return codes, scale
+    scale = (torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True) / INT8_MAX).clamp_(min=1e-30)
+    # |rows / scale| <= 127 by construction, so rounding needs no clamp.
+    return torch.div(rows, scale).round_().to(torch.int8), scale
 
 
 def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
@@ -103,7 +104,7 @@ def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.
     codes, row_scale = quantize_rows_int8(rows)
     acc = int8_matmul(codes, weight.data)  # (M, N) int32
     weight_scale = weight.scale.float().reshape(1, -1)  # (1, N) or (1, 1)
-    y = acc.float() * row_scale * weight_scale
+    y = acc.float().mul_(row_scale).mul_(weight_scale)
     out = y.reshape(*x.shape[:-1], out_features)
     return _finish(out, bias, residual, residual_scale, x.dtype)
 
