@@ -115,7 +115,7 @@ def _forced_from_env(op: str) -> str | None:
         return None
     known = {name for registry in _registries.values() for name in registry.names()}
     if bare not in known:
-        import kernels.attention, kernels.conv3d, kernels.linear  # noqa: F401 (every op registers its backends)
+        import kernels.attention, kernels.conv3d, kernels.linear, kernels.quantized_linear  # noqa: F401 (every op registers its backends)
         known = {name for registry in _registries.values() for name in registry.names()}
     if bare not in known:
         raise ValueError(f"{ENV_VAR}={value!r}: no op has a backend named {bare!r}; known backends: {sorted(known)}")
