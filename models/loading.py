@@ -355,10 +355,13 @@ def _builders():
 
 # Loading -----------------------------------------------------------------------------------------
 
-def _float32_key(kind: str, key: str) -> bool:
+def _float32_key(kind: str, key: str, config: object = None) -> bool:
     if kind == "h3_transformer":
         from models.h3.transformer import FLOAT32_PREFIXES
-        return key.startswith(FLOAT32_PREFIXES)
+        # Curve-form (pruned) checkpoints store their small AdaLN projections in float16; they run in
+        # float32, as the reference runs them, since the whole modulation of every block flows from them.
+        curve = getattr(config, "adaln_curve_points", None) is not None
+        return key.startswith(FLOAT32_PREFIXES) or (curve and ".adaln_proj." in f".{key}")
     # VAEs and statistics buffers: normalisation statistics stay float32.
     return key in ("latents_mean", "latents_std")
 
@@ -446,7 +449,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
                 if file_keys[key] in stored_keys:  # quantized codes and scales keep their stored dtypes
                     state[key] = tensor.to(device=device)
                     continue
-            target = torch.float32 if _float32_key(kind, key) else dtype
+            target = torch.float32 if _float32_key(kind, key, config) else dtype
             state[key] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, assign=True)
     # Non-persistent buffers (RoPE frequencies, resampling filters, pixel statistics) are recomputed.

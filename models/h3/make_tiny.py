@@ -1,11 +1,13 @@
 """Write deterministic tiny H3 weights (transformer, video VAE, audio VAE, text encoder) in seconds.
 
-    python -m models.h3.make_tiny [--models-dir DIR]
+    python -m models.h3.make_tiny [--models-dir DIR] [--released-formats]
 
 The weights are random (seeded), so generated video is noise-like and audio is noise: they exist so
 that every interface, test and workflow runs on a laptop CPU. Each file records this in its safetensors
 metadata (`weft_random_weights`). The VAEs' latent statistics are measured on a fixed random input so
-that their latents have unit scale.
+that their latents have unit scale. `--released-formats` writes them instead under the released H3 file
+names, stored as those files store the real models (models/h3/tiny_released.py), so the official
+templates run unchanged.
 """
 from __future__ import annotations
 
@@ -167,9 +169,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write deterministic tiny H3 weights (random; noise-like output).")
     parser.add_argument("--models-dir", default=str(Path(__file__).resolve().parents[1]),
                         help="the models folder holding diffusion_models/, vae/ and text_encoders/ (default: ./models)")
+    parser.add_argument("--released-formats", action="store_true",
+                        help="write the tiny models under the released H3 file names, in the released formats "
+                             "(int8 convrot pruned DiT, int8/fp16 video VAE, weight-normalised fp32 audio VAE, bf16 LoRAs)")
     args = parser.parse_args(argv)
-    for kind, path in write_tiny(args.models_dir).items():
-        print(f"{kind:13s} {path}")
+    if args.released_formats:
+        from models.h3.tiny_released import write_released
+        for name, path in write_released(args.models_dir).items():
+            print(f"{name:60s} {path}")
+    else:
+        for kind, path in write_tiny(args.models_dir).items():
+            print(f"{kind:13s} {path}")
     print("note: these weights are random; generated video is noise-like and audio is noise.")
 
 

@@ -1,0 +1,171 @@
+"""Tiny H3 models in the formats and under the file names of the released H3 files.
+
+    python -m models.h3.make_tiny --released-formats [--models-dir DIR]
+
+writes, under DIR's diffusion_models/, vae/, text_encoders/ and loras/ folders, the files the official
+H3 templates load, each a tiny random model stored the way the released file stores the real one:
+
+- `minimax_h3_{fl2va,ref2va}_pruned_int8_convrot`: the pruned DiT (curve-form AdaLN: an `adaln_t_table`
+  of 1025 rows x 8 in float32 and no time embedder; `adaln_proj` in float16), its block linears in
+  int8 with a Hadamard rotation and per-layer `.comfy_quant` markers, the rest bfloat16 except the
+  float32 patch projections, output heads and RoPE frequencies.
+- `minimax_h3_video_vae_int8_convrot`: the video VAE with its decoder's transformer linears in int8
+  (rotated), the rest float16; `minimax_h3_video_vae_fp16`: the same model in float16.
+- `minimax_h3_audio_vae_fp32`: the audio VAE in float32, its convolutions weight-normalised
+  (`weight_g` / `weight_v`) as the original training checkpoint stores them.
+- `minimax_h3_{fl2v_turbo_8step_v1.0,ref2v_turbo_4step_v0.1}_comfyui_bf16`: bfloat16 LoRAs on the DiT.
+- `qwen3vl_32b_minimax_h3_nvfp4_awq`: Weft's tiny text encoder under the released name (the released
+  Qwen3-VL encoder's own format is not written here).
+
+Rotation groups are per layer, as in the released files: the largest power of 4 up to 256 that divides
+the layer's input width (the tiny widths give 64 where the released files use 256). The weights are
+random, so the output is noise; every file says so in its metadata.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from models.h3 import transformer
+from models.h3.make_tiny import NOTE, _init_weights, _write_atomic, build_tiny
+from models.quant.writer import RELEASED_INT8_LAYERS, quantize_state_dict
+
+ROTATION_GROUP = 256          # the released int8 files' convrot group; tiny layers use the largest that fits
+CURVE_POINTS = 1025           # rows of the released pruned DiT's adaln_t_table
+CURVE_WIDTH = 8               # its columns (the adaln projections' input width)
+PRUNED_TINY_CONFIG = dataclasses.replace(transformer.TINY_CONFIG, adaln_curve_points=CURVE_POINTS,
+                                         time_embed_dim=CURVE_WIDTH)
+
+TRANSFORMERS = {"minimax_h3_fl2va_pruned_int8_convrot.safetensors": 2001,
+                "minimax_h3_ref2va_pruned_int8_convrot.safetensors": 2002}
+LORAS = {"minimax_h3_fl2v_turbo_8step_v1.0_comfyui_bf16.safetensors": "minimax_h3_fl2va_pruned_int8_convrot.safetensors",
+         "minimax_h3_ref2v_turbo_4step_v0.1_comfyui_bf16.safetensors": "minimax_h3_ref2va_pruned_int8_convrot.safetensors"}
+VIDEO_VAE_INT8 = "minimax_h3_video_vae_int8_convrot.safetensors"
+VIDEO_VAE_FP16 = "minimax_h3_video_vae_fp16.safetensors"
+AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
+TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
+LORA_TARGETS = r"blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
+
+
+def build_pruned_transformer(seed: int) -> transformer.H3Transformer:
+    """A tiny curve-form (pruned) H3 transformer with deterministic weights and a smooth adaln_t_table."""
+    model = transformer.H3Transformer(PRUNED_TINY_CONFIG)
+    _init_weights(model, seed)
+    # The released table samples a smooth curve of t in [0, 1]; a few random sinusoids stand in for it.
+    gen = torch.Generator("cpu").manual_seed(seed + 1)
+    t = torch.linspace(0.0, 1.0, CURVE_POINTS)[:, None]
+    freqs = 0.5 + 3.0 * torch.rand(1, 4 * CURVE_WIDTH, generator=gen)
+    phases = 2 * math.pi * torch.rand(1, 4 * CURVE_WIDTH, generator=gen)
+    mixing = torch.randn(4 * CURVE_WIDTH, CURVE_WIDTH, generator=gen) / math.sqrt(4 * CURVE_WIDTH)
+    with torch.no_grad():
+        model.adaln_t_table.copy_(torch.sin(t * freqs + phases) @ mixing)
+    return model.eval().requires_grad_(False)
+
+
+def _stored_dtype(key: str) -> torch.dtype:
+    if key.startswith(transformer.FLOAT32_PREFIXES):
+        return torch.float32
+    return torch.float16 if ".adaln_proj." in key else torch.bfloat16
+
+
+def pruned_transformer_bytes(seed: int) -> bytes:
+    """The safetensors bytes of a tiny pruned int8-convrot DiT (see the module docstring)."""
+    model = build_pruned_transformer(seed)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    tensors, _ = quantize_state_dict(state, RELEASED_INT8_LAYERS["h3_transformer"], "int8_tensorwise",
+                                     rotation_group=ROTATION_GROUP)
+    # Quantized codes, their scales and markers keep the dtypes the writer gave them; float weights take the file's.
+    out = {k: v.to(_stored_dtype(k)) if k in state and v.is_floating_point() else v for k, v in tensors.items()}
+    return save_safetensors(out, metadata=_metadata("transformer", model.config, "pruned int8 convrot"))
+
+
+def _metadata(kind: str, config: object, form: str) -> dict[str, str]:
+    return {"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE, "weft_kind": kind,
+            "weft_released_form": form, "weft_config": json.dumps(dataclasses.asdict(config))}
+
+
+def video_vae_bytes(quantized: bool) -> bytes:
+    """The tiny video VAE in float16, its decoder transformer linears in int8 convrot when `quantized`."""
+    model = build_tiny("video_vae")
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    if quantized:
+        state, _ = quantize_state_dict(state, RELEASED_INT8_LAYERS["h3_video_vae"], "int8_tensorwise",
+                                       rotation_group=ROTATION_GROUP)
+    floats = set(model.state_dict()) - {"latents_mean", "latents_std"}
+    out = {k: v.to(torch.float16) if k in floats and v.is_floating_point() else v for k, v in state.items()}
+    form = "int8 convrot" if quantized else "fp16"
+    return save_safetensors(out, metadata=_metadata("video_vae", model.config, form))
+
+
+def weight_normalised_convs(model: nn.Module) -> list[str]:
+    """The audio VAE convolutions the original checkpoint stores weight-normalised (encoder and vocoder)."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)) and name.startswith(("encoder.", "decoder."))]
+
+
+def audio_vae_bytes(seed: int = 2003) -> bytes:
+    """The tiny audio VAE in float32 with gain/direction pairs (`weight_g`, `weight_v`, norm over dim 0)."""
+    model = build_tiny("audio_vae")
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    gen = torch.Generator("cpu").manual_seed(seed)
+    for name in weight_normalised_convs(model):
+        weight = state.pop(name + ".weight")
+        gain = weight.flatten(1).norm(dim=1).view(-1, *([1] * (weight.dim() - 1)))
+        # The direction keeps the weight's orientation at an arbitrary per-slice length, as training leaves it.
+        length = 0.5 + torch.rand(gain.shape, generator=gen)
+        state[name + ".weight_g"] = gain.contiguous()
+        state[name + ".weight_v"] = (weight / gain.clamp_min(1e-12) * length).contiguous()
+    return save_safetensors(state, metadata=_metadata("audio_vae", model.config, "fp32 weight-normalised"))
+
+
+def lora_bytes(transformer_bytes: bytes, seed: int, rank: int = 2, scale: float = 0.3) -> bytes:
+    """A bfloat16 LoRA (ComfyUI `diffusion_model.` keys) on every block linear of the tiny DiT."""
+    from safetensors.torch import load as load_safetensors
+    pattern = re.compile(LORA_TARGETS)
+    shapes = {}
+    for key, value in load_safetensors(transformer_bytes).items():
+        layer, _, leaf = key.rpartition(".")
+        if leaf == "weight" and pattern.fullmatch(layer):
+            shapes[layer] = tuple(value.shape)     # int8 codes keep the dense (out, in) shape
+    gen = torch.Generator("cpu").manual_seed(seed)
+    tensors = {}
+    for layer, (out_features, in_features) in sorted(shapes.items()):
+        tensors[f"diffusion_model.{layer}.lora_A.weight"] = (torch.randn(rank, in_features, generator=gen) * scale).to(torch.bfloat16)
+        tensors[f"diffusion_model.{layer}.lora_B.weight"] = (torch.randn(out_features, rank, generator=gen) * scale).to(torch.bfloat16)
+    return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE})
+
+
+def text_encoder_bytes() -> bytes:
+    """Weft's tiny text encoder file (stands in for the released Qwen3-VL encoder until that loads)."""
+    from models.h3.make_tiny import _tiny_file_bytes
+    return _tiny_file_bytes("text_encoder")
+
+
+def write_released(models_dir: str | Path) -> dict[str, Path]:
+    """Write every tiny released-format file under models_dir; returns {file name: path}."""
+    root = Path(models_dir)
+    written: dict[str, Path] = {}
+
+    def put(folder: str, name: str, data: bytes) -> None:
+        path = root / folder / name
+        _write_atomic(path, data)
+        written[name] = path
+
+    dit_bytes = {}
+    for name, seed in TRANSFORMERS.items():
+        dit_bytes[name] = pruned_transformer_bytes(seed)
+        put("diffusion_models", name, dit_bytes[name])
+    for n, (name, base) in enumerate(LORAS.items()):
+        put("loras", name, lora_bytes(dit_bytes[base], seed=2100 + n))
+    put("vae", VIDEO_VAE_INT8, video_vae_bytes(quantized=True))
+    put("vae", VIDEO_VAE_FP16, video_vae_bytes(quantized=False))
+    put("vae", AUDIO_VAE, audio_vae_bytes())
+    put("text_encoders", TEXT_ENCODER, text_encoder_bytes())
+    return written
