@@ -61,8 +61,9 @@ def quantized_linear_eager(x: torch.Tensor, weight: QuantizedWeight, bias: torch
 
 def quantize_rows_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric int8: (M, K) floats -> int8 codes (M, K) and float32 row scales (M, 1)."""
-    rows = rows.float()
-    scale = (torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True) / INT8_MAX).clamp_(min=1e-30)
+    # The row maximum is exact in any float dtype; the division promotes to float32 in the same pass.
+    largest = torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True)
+    scale = (largest.float() / INT8_MAX).clamp_(min=1e-30)
     # |rows / scale| <= 127 by construction, so rounding needs no clamp.
     return torch.div(rows, scale).round_().to(torch.int8), scale
 
@@ -104,7 +105,7 @@ def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.
     codes, row_scale = quantize_rows_int8(rows)
     acc = int8_matmul(codes, weight.data)  # (M, N) int32
     weight_scale = weight.scale.float().reshape(1, -1)  # (1, N) or (1, 1)
-    y = acc.float().mul_(row_scale).mul_(weight_scale)
+    y = torch.mul(acc, row_scale).mul_(weight_scale)  # float32 (M, N)
     out = y.reshape(*x.shape[:-1], out_features)
     return _finish(out, bias, residual, residual_scale, x.dtype)
 
