@@ -690,45 +690,49 @@ _LIST_T, _CARRIED_T, _OUTPUT_T = "list_item", "carried_value", "output_value"
 
 
 def _int_input(name: str, default: int, tooltip: str, **bounds: int) -> InputSpec:
-    # ComfyUI declares only the bounds it sets, so the editor shows the same widget limits.
+    # Only the bounds given here are declared, so the widget limits match the ComfyUI editor's.
     return InputSpec(name, "INT", "required", {"default": default, **bounds, "tooltip": tooltip})
 
 
 START_LOOP = NodeSpec(
     node_id=START, display_name="Start Loop", category=CATEGORY, python_module="comfy_extras.nodes_loop",
-    description="Opens a loop: the nodes between Start Loop and End Loop run once per iteration, one "
-                "iteration at a time.",
+    description="Where a loop begins. Everything wired from here to the matching End Loop is repeated, "
+                "and each pass finishes before the next one starts.",
     input_is_list=True,
     inputs=[
         Input.dynamic_combo("mode", {
-            "simple": [_int_input("num_iterations", 4, "Number of times to execute the loop body.", min=0)],
+            "simple": [_int_input("num_iterations", 4, "How many passes the loop makes.", min=0)],
             "For": [
-                _int_input("start_iteration_index", 0, "Index of the first iteration when using For loop mode."),
-                _int_input("max_iteration", 4, "The exclusive stopping value for iteration_index in For mode.",
+                _int_input("start_iteration_index", 0, "The iteration_index of the first pass."),
+                _int_input("max_iteration", 4, "The loop stops before iteration_index reaches this value.",
                            max=2**64 - 1),
-                _int_input("step", 1, "The index step size between each iteration when using For loop mode.", min=1),
+                _int_input("step", 1, "How much iteration_index grows from one pass to the next.", min=1),
             ],
-            "List": [Input.match_type("list", _LIST_T, tooltip="List of items the loop iterates on. The loop body "
-                                                                 "executes once per item.")],
-        }, tooltip="The loop iteration mode."),
+            "List": [Input.match_type("list", _LIST_T, tooltip="A list to walk through: one pass per entry, "
+                                                                 "in order.")],
+        }, tooltip="simple: a fixed number of passes; For: a counted range; List: one pass per list "
+                   "entry."),
         InputSpec("cache_iterations", "BOOLEAN", "required", {
             "default": False, "advanced": True,
-            "tooltip": "Reuse unchanged iteration results from previous executions. Disable to execute every "
-                       "iteration again."}),
+            "tooltip": "Keep each pass's results in the cache, so a pass whose inputs did not change is not run "
+                       "again next time. Off: every pass runs on every run."}),
         InputSpec("parent_iteration", "INT", "optional", {
-            "forceInput": True, "tooltip": "Connect iteration_index from an outer Start Loop to nest this loop."}),
+            "forceInput": True,
+            "tooltip": "For a loop inside another: wire the outer Start Loop's iteration_index here."}),
         Input.match_type("initial_iteration_value", _CARRIED_T, optional=True,
-                         tooltip="Value exposed as current_iteration_value on the first iteration."),
+                         tooltip="What current_iteration_value holds during the first pass."),
     ],
     outputs=[
-        Output("INT", "iteration_index", tooltip="Index of the current loop iteration."),
-        Output("BOOLEAN", "is_first", tooltip="True during the first iteration of the loop."),
-        Output("BOOLEAN", "is_last", tooltip="True during the last iteration of the loop."),
+        Output("INT", "iteration_index", tooltip="This pass's index: 0, 1, 2... (in For mode, counted from "
+                                                 "start_iteration_index by step)."),
+        Output("BOOLEAN", "is_first", tooltip="Whether this is the opening pass."),
+        Output("BOOLEAN", "is_last", tooltip="Whether this is the closing pass as planned (break_when may stop the "
+                                             "loop earlier)."),
         Output(MATCH_TYPE, "list_item", match_type=_LIST_T,
-               tooltip="Current item from the list when using List mode. None in Simple and For modes."),
+               tooltip="In List mode, the entry for this pass; in the other modes, nothing."),
         Output(MATCH_TYPE, "current_iteration_value", match_type=_CARRIED_T,
-               tooltip="Loop-carried value for the current iteration: initial_iteration_value on the first "
-                       "iteration, then next_iteration_value from End Loop on each subsequent iteration."),
+               tooltip="The value handed from pass to pass: initial_iteration_value at first, afterwards "
+                       "whatever End Loop received as next_iteration_value in the pass before."),
     ],
     execute=_start_loop,
     search_aliases=("loop", "for", "repeat", "iterate", "for each"),
@@ -736,30 +740,30 @@ START_LOOP = NodeSpec(
 
 END_LOOP = NodeSpec(
     node_id=END, display_name="End Loop", category=CATEGORY, python_module="comfy_extras.nodes_loop",
-    description="Closes a loop: returns the last (or every) iteration's output_value and feeds "
-                "next_iteration_value to the next iteration.",
+    description="Where a loop ends. Gives back what output_value received (in the closing pass, or in "
+                "every pass) and hands next_iteration_value on to the following pass.",
     input_is_list=True,
     inputs=[
         Input.match_type("output_value", _OUTPUT_T, optional=True,
-                         tooltip="Value returned by End Loop. It returns the final iteration or all iterations "
-                                 "according to accumulate."),
+                         tooltip="What the loop gives back: the closing pass's value, or every pass's "
+                                 "value when accumulate is on."),
         Input.match_type("next_iteration_value", _CARRIED_T, optional=True,
-                         tooltip="Value sent from End Loop back to Start Loop for the next iteration."),
-        Input.boolean("accumulate", False, tooltip="Return output_value from every iteration when enabled; "
-                                                   "otherwise return only the final iteration."),
+                         tooltip="Becomes current_iteration_value at Start Loop in the following pass."),
+        Input.boolean("accumulate", False, tooltip="On: collect output_value from all passes into "
+                                                   "the result list. Off: keep only the closing pass's value."),
         Input.autogrow("terminations", Input.link(
-            "termination", "*", tooltip="Connect a preview or side-effect output that must execute on every "
-                                        "iteration. Its value is not returned."),
+            "termination", "*", tooltip="A node to run in each pass for its effect (a preview, a "
+                                        "save); its value is ignored."),
             prefix="termination", min=0, max=50,
-            tooltip="Connect outputs that must execute on every iteration. Their values are not returned."),
+            tooltip="Nodes to run in each pass for their effect; their values are ignored."),
         Input.boolean("break_when", False, optional=True, force_input=True,
-                      tooltip="When true, the loop ends after the current iteration (Weft)."),
+                      tooltip="Weft only: once this is true, the pass now running is the last one."),
         Input.hidden("dynprompt", "DYNPROMPT"),
         Input.hidden("unique_id", "UNIQUE_ID"),
     ],
     outputs=[Output(MATCH_TYPE, "outputs", is_list=True, match_type=_OUTPUT_T,
-                    tooltip="The final iteration's output_value, or values accumulated across iterations when "
-                            "accumulate is enabled.")],
+                    tooltip="output_value of the closing pass, or of every pass in order with "
+                            "accumulate on.")],
     execute=_end_loop, fingerprint=_end_fingerprint,
     search_aliases=("loop", "end loop", "repeat"),
 )
