@@ -116,7 +116,7 @@ class Prompt:
     nodes: dict[str, PromptNode] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
     # Node -> the node that runs in its place when an output needs it (a loop body node -> its End
-    # Loop, which copies the body per iteration); filled by validation's graph checks.
+    # Loop, which copies the body per iteration); set by the graph rewrites (execution.rewrite).
     stand_ins: dict[str, str] = field(default_factory=dict)
     _nodes_shared: bool = field(default=False, repr=False, compare=False)  # see fork()
 

@@ -18,6 +18,7 @@ import jsonschema
 
 from execution.errors import PromptError, node_error
 from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode, collector_paused
+from execution.rewrite import rewrite_prompt
 from execution.spec import InputSpec, NodeSpec, Registry
 from execution.types import types_compatible
 
@@ -415,4 +416,6 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
         raise PromptError(
             "prompt_outputs_failed_validation", "Prompt outputs failed validation",
             first["message"] if first else "", node_errors=node_errors)
-    return ValidatedPrompt(prompt, good, node_errors, order, reusable=reusable)
+    # The declared graph rewrites (execution.rewrite) give the graph that runs; `prompt` stays as checked.
+    runs = rewrite_prompt(prompt, registry, options)
+    return ValidatedPrompt(runs, good, node_errors, order, reusable=reusable)

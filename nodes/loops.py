@@ -1,39 +1,42 @@
-"""Start Loop / End Loop: ComfyUI's paired loop nodes, run one iteration at a time.
+"""Start Loop / End Loop: loops drawn as a pair of nodes, run one iteration after another.
 
-A loop is a Start Loop, an End Loop and the body between them: every node downstream of the Start
-that the End needs. ComfyUI's class names, input names and outputs are kept, so its loop workflows
-run unchanged; Weft adds `break_when`, an iteration cap and one-iteration-at-a-time execution.
+A loop is a Start Loop, its End Loop and the body: the nodes downstream of the Start that the End
+(or an output node inside the loop) needs. Class names, input names and outputs are ComfyUI's, so
+workflows made there load and run here; `break_when`, the iteration limit and the bounded memory
+of a running loop are Weft's.
 
-How a loop runs
----------------
-1. Validation (`check_loops`, this pack's graph check) pairs every End with its Start (innermost
-   first), refuses malformed loops with structured errors, and prepares each loop: the End gets a
-   `LoopTemplate` under the undeclared constant input `__loop__` (the Start's inputs, the body nodes,
-   the End's body-side inputs) and loses its links into the body, so it no longer waits on the body.
-   `prompt.stand_ins` maps every body node to its outermost End, so an output node inside a body
-   (a SaveImage wired to a `termination`) is run through its loop, never on its own.
-2. The End Loop runs first and expands into `LoopStep` #0, which reads the Start's inputs (the count,
-   the range, the list), plans the iterations and expands iteration 0 plus `LoopStep` #1.
-3. An iteration is a `LoopIteration` node (what the Start's outputs are in that iteration) and a
-   copy of every body node, with display ids of the original body nodes. `LoopStep` #k+1 waits on
-   everything of iteration k (output_value, next_iteration_value, terminations, break_when, output
-   nodes), collects the output, then expands iteration k+1 and `LoopStep` #k+2, or returns the
-   outputs. The scheduler hands each step's expansion to the End Loop ("tail expansion"), so the
-   chain holds one step, and finished iterations are released: memory stays bounded by about one
-   iteration plus what the cache keeps.
+The three phases of a loop
+--------------------------
+1. Check (`check_loops`, a pure graph check run by validation): each End finds its Start
+   (innermost loops first); malformed loops are refused with one structured error per fault.
+2. Rewrite (`rewrite_loops`, declared with the check as `LOOPS`, applied by
+   execution.rewrite after validation): each well-formed loop's End is replaced by a copy that no
+   longer links into the body and instead holds a `LoopTemplate` under the declared input
+   `__loop__` (what the Start received, the body nodes, the End's per-iteration inputs). Every
+   body node and the Start get the outermost End as stand-in, so an output inside a body (a save
+   wired to a termination) runs as part of its loop, never alone.
+3. Run: the End expands into `LoopStep` #0, which evaluates what the Start received (count, range
+   or list), plans the iterations, and expands iteration 0 together with `LoopStep` #1. An
+   iteration is one `LoopIteration` node (the Start's outputs for that pass) plus a copy of each
+   body node shown under the original's id. `LoopStep` #k+1 depends on all of iteration k
+   (output_value, next_iteration_value, terminations, break_when, body outputs); it records the
+   output and then either expands iteration k+1 with `LoopStep` #k+2 or returns the result. By the
+   scheduler's tail-expansion rule (execution.expansion) each step's expansion passes to the End,
+   so the chain keeps one step alive, and a finished iteration's nodes are dropped: memory stays
+   near one iteration's worth plus what the cache holds.
 
-Caching: the End Loop always runs. With `cache_iterations` an iteration's source node is keyed by
-its index, its first/last flags (only when the body reads them, so a longer loop keeps the earlier
-iterations' keys), its list item's content and the carried value's upstream, and the body copies are
-ordinary cache entries; changing iteration 7's item re-runs iteration 7 and what depends on it.
-Without it, every copy carries a cache salt: it runs every time and is never stored.
+Caching: the End itself always runs. With `cache_iterations`, an iteration's source node is keyed
+on its index, on its first/last flags only if the body reads them (so lengthening a loop keeps the
+earlier keys), on its list entry's content and on where the carried value comes from; body copies
+are cached like any node, so editing the item of iteration 7 re-runs iteration 7 and what follows
+from it. Without it, every copy is salted: run each time, never stored.
 
-Limits: what follows an End Loop re-runs whenever the loop runs (the End is never served whole from
-the cache: a body node's own change marks, such as a loaded file's hash, are only known per copy).
-An ExecutionBlocker reaching a value the End reads ends the loop with a blocked output. A body node
-behind a lazy input that is never requested stays in the live graph until the run ends (one small
-record per iteration). Loops must be in the prompt that is validated: a node that expands into a
-Start/End pair at run time is refused ("not paired at validation").
+Known limits: nodes after an End re-run whenever the loop runs (a body node's change marks, such
+as a file hash, exist only per copy, so the End cannot be served whole from the cache). An
+ExecutionBlocker reaching a value the End reads ends the loop with a blocked result. A body node
+behind a lazy input that is never requested lingers in the live graph until the run ends (a small
+record per iteration). Loops must exist when the prompt is validated: a node that expands into a
+Start/End pair at run time is refused as unpaired.
 """
 from __future__ import annotations
 
@@ -44,12 +47,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from execution.context import current
 from execution.errors import node_error
-from execution.graph import Link, Prompt
+from execution.graph import Link, Prompt, PromptNode
+from execution.rewrite import GraphRewrite, RewriteResult
 from nodes.spec import MATCH_TYPE, Input, InputSpec, NodeOutput, NodeSpec, Output
 
 START = "StartLoop"
 END = "EndLoop"
-LOOP_KEY = "__loop__"  # the End Loop's prepared template (an undeclared constant input)
+LOOP_KEY = "__loop__"  # the input the loop rewrite adds to an End Loop: its LoopTemplate (declared in LOOPS)
 DEFAULT_MAX_ITERATIONS = 10_000  # main.py --max-loop-iterations
 END_BODY_INPUTS = ("output_value", "next_iteration_value", "break_when")
 TERMINATIONS = "terminations."
@@ -511,34 +515,76 @@ class _LoopErrors:
         return self.prompt.nodes[node_id].label
 
 
+class _LoopAnalysis:
+    """Loops of one prompt as the check finds them: errors, pairs (innermost first), bodies, and
+    each End Loop's inputs with their names and `accumulate` normalized."""
+
+    def __init__(self, errors: _LoopErrors, pairs: list[tuple[str, str]], bodies: dict[str, set],
+                 outputs: set[str], ends: set[str], end_inputs: dict[str, dict[str, Any]]) -> None:
+        self.errors = errors
+        self.pairs = pairs
+        self.bodies = bodies
+        self.outputs = outputs
+        self.ends = ends
+        self.end_inputs = end_inputs
+
+
 def check_loops(prompt: Prompt, registry, options: Mapping[str, Any]) -> dict[str, list[dict]]:
-    """Pair every End Loop with its Start Loop, refuse malformed loops, and prepare the valid ones.
+    """Pair every End Loop with its Start Loop and refuse malformed loops (a pure check).
 
     Errors (`type` and `extra_info.loop_error_type`): loop_end_without_start, loop_start_without_end,
     ambiguous_loop_nesting, loop_end_cycle, loop_accumulate_from_body, loop_escape (an output node or an
     unpaired End reached from a Start without passing its End), loop_too_many_iterations."""
+    analysis = _analyse(prompt, registry, options)
+    return analysis.errors.by_node if analysis is not None else {}
+
+
+def rewrite_loops(prompt: Prompt, registry, options: Mapping[str, Any]) -> RewriteResult:
+    """The graph the loops of a checked prompt run as (see the module docstring): each End Loop of
+    a well-formed loop is replaced by one holding its `LoopTemplate` under `__loop__` and no links
+    into its body, and every body node (and Start) stands in for by its outermost End."""
+    analysis = _analyse(prompt, registry, options)
+    if analysis is None:
+        return RewriteResult()
+    replaced: dict[str, PromptNode] = {}
+    stand_ins: dict[str, str] = {}
+    bodies, ends = analysis.bodies, analysis.ends
+    for start, end in analysis.pairs:  # innermost first: an outer loop copies its inner Ends as rewritten
+        body = bodies[start]
+        if analysis.errors.involved & (body | {start, end}):
+            continue
+        if not body & ends <= replaced.keys():
+            continue
+        replaced[end] = _prepare(prompt, replaced, analysis, start, end)
+        for node_id in body | {start}:
+            stand_ins[node_id] = end  # outer loops are prepared later and take over their inner ones
+        for node_id, stand_in in list(stand_ins.items()):
+            if stand_in in body:
+                stand_ins[node_id] = end
+    return RewriteResult(replaced, stand_ins)
+
+
+def _analyse(prompt: Prompt, registry, options: Mapping[str, Any]) -> _LoopAnalysis | None:
     nodes = prompt.nodes
     starts = {i for i, n in nodes.items() if n.class_type == START}
     ends = {i for i, n in nodes.items() if n.class_type == END}
     if not starts and not ends:
-        return {}
+        return None
     errors = _LoopErrors(prompt)
     end_spec = registry.get(END)
+    end_inputs: dict[str, dict[str, Any]] = {}
     for end in ends:
-        # An End reached only through an output inside its body (a SaveImage wired to a termination)
-        # is not upstream of any output, so the per-node checks did not see it.
+        # Every End is checked here: one reached only through an output inside its body (a save
+        # wired to a termination) is upstream of no output, so the per-node checks skipped it.
         node = nodes[end]
-        normalized = end_spec.normalize_input_names(node.inputs)
-        if normalized is not node.inputs:
-            node.inputs = normalized
-            node.inputs_changed()
-        accumulate = node.inputs.get("accumulate", False)
+        inputs = end_inputs[end] = dict(end_spec.normalize_input_names(node.inputs))
+        accumulate = inputs.get("accumulate", False)
         if isinstance(accumulate, str) and accumulate.lower() in ("true", "false"):
-            node.inputs["accumulate"] = accumulate.lower() == "true"
+            inputs["accumulate"] = accumulate.lower() == "true"
         elif type(accumulate) is not Link and not isinstance(accumulate, bool):
             errors.add("invalid_input_type", f"Node {node.label}: input 'accumulate' expects BOOLEAN",
                        f"accumulate: received {accumulate!r}", [end], input_name="accumulate", received=accumulate)
-    outputs = {i for i, n in nodes.items() if getattr(registry.get(n.class_type), "output_node", False)}
+    outputs = {i for i, n in nodes.items() if registry.get(n.class_type).output_node}
     parents = {i: {link.node for link in n.links() if link.node in nodes} for i, n in nodes.items()}
     children: dict[str, set] = {i: set() for i in nodes}
     for node_id, sources in parents.items():
@@ -606,25 +652,14 @@ def check_loops(prompt: Prompt, registry, options: Mapping[str, Any]) -> dict[st
     for start, end in pairs:
         body = _walk(chi[start], chi, {end})[0] - {end}
         bodies[start] = body
-        accumulate = nodes[end].inputs.get("accumulate")
+        accumulate = end_inputs[end].get("accumulate")
         if type(accumulate) is Link and (accumulate.node == start or accumulate.node in body):
             errors.add("loop_accumulate_from_body", "End Loop accumulate depends on its loop body",
                        f"End Loop {errors.label(end)}: accumulate comes from {errors.label(accumulate.node)} inside "
                        f"the loop of Start Loop {errors.label(start)}; it must be fixed before the loop starts",
                        {start, end, accumulate.node}, input_name="accumulate", received=accumulate.to_json())
         _check_count(errors, nodes[start], int(options.get("max_loop_iterations") or DEFAULT_MAX_ITERATIONS))
-
-    prepared: set[str] = set()  # Ends whose loops are ready to run
-    for start, end in pairs:
-        body = bodies[start]
-        if errors.involved & (body | {start, end}):
-            continue
-        inner_ends = body & ends
-        if not inner_ends <= prepared:
-            continue
-        _prepare(prompt, start, end, body, outputs, bodies, pairs)
-        prepared.add(end)
-    return errors.by_node
+    return _LoopAnalysis(errors, pairs, bodies, outputs & relevant, ends, end_inputs)
 
 
 def _check_count(errors: _LoopErrors, start, limit: int) -> None:
@@ -648,41 +683,42 @@ def _check_count(errors: _LoopErrors, start, limit: int) -> None:
                    f"(--max-loop-iterations)", [start.id], input_name=name, received=inputs.get(name))
 
 
-def _prepare(prompt: Prompt, start: str, end: str, body: set, outputs: set, bodies: dict, pairs: list) -> None:
-    """Give the End Loop its template and cut its links into the body (see the module docstring)."""
+def _prepare(prompt: Prompt, replaced: Mapping[str, PromptNode], analysis: _LoopAnalysis, start: str,
+             end: str) -> PromptNode:
+    """The End Loop of one loop as it runs: its template added, its links into the body cut."""
     nodes = prompt.nodes
-    end_node = nodes[end]
-    # Inner loops are inside their End's template: the outer loop copies only their End Loop.
+    body, bodies = analysis.bodies[start], analysis.bodies
+    end_inputs = analysis.end_inputs[end]
+    # An inner loop is inside its rewritten End's template: the outer loop copies only that End.
     owned: set[str] = set()
-    for inner_start, inner_end in pairs:
+    for inner_start, inner_end in analysis.pairs:
         if inner_start in body:
             owned |= bodies[inner_start] | {inner_start}
             owned.discard(inner_end)
-    own_outputs = sorted((outputs & body) - owned)
-    seeds = [v.node for k, v in end_node.inputs.items() if _is_body_side(k) and type(v) is Link]
+    own_outputs = sorted((analysis.outputs & body) - owned)
+    seeds = [v.node for k, v in end_inputs.items() if _is_body_side(k) and type(v) is Link]
     seeds += own_outputs
     needed: set[str] = set()
     pending = [s for s in seeds if s in body]
-    while pending:  # upstream of the End's body-side inputs and the output nodes, inside the body
+    while pending:  # what the End's body-side inputs and the body's outputs read, inside the body
         node_id = pending.pop()
         if node_id in needed or node_id not in body or node_id in owned:
             continue
         needed.add(node_id)
         pending.extend(link.node for link in nodes[node_id].links())
-    body_nodes = [BodyNode(i, nodes[i].class_type, nodes[i].inputs, nodes[i].display_id, nodes[i].title)
-                  for i in sorted(needed)]
+    body_nodes = []
+    for node_id in sorted(needed):
+        node = replaced.get(node_id) or nodes[node_id]
+        body_nodes.append(BodyNode(node_id, node.class_type, node.inputs, node.display_id, node.title))
+    end_node = nodes[end]
     template = LoopTemplate(
         start_id=start, start_display=nodes[start].display_id, start_inputs=nodes[start].inputs,
-        end_display=end_node.display_id, end_inputs={k: v for k, v in end_node.inputs.items() if _is_body_side(k)},
+        end_display=end_node.display_id, end_inputs={k: v for k, v in end_inputs.items() if _is_body_side(k)},
         body=body_nodes, output_ids=own_outputs)
-    end_node.inputs = {k: v for k, v in end_node.inputs.items() if not _is_body_side(k)}
-    end_node.inputs[LOOP_KEY] = template
-    end_node.inputs_changed()
-    for node_id in body | {start}:
-        prompt.stand_ins[node_id] = end  # outer loops are prepared later and take over their inner ones
-    for node_id, stand_in in list(prompt.stand_ins.items()):
-        if stand_in in body:
-            prompt.stand_ins[node_id] = end
+    inputs = {k: v for k, v in end_inputs.items() if not _is_body_side(k)}
+    inputs[LOOP_KEY] = template
+    return PromptNode(end, end_node.class_type, inputs, end_node.title, parent=end_node.parent,
+                      display_id=end_node.display_id, real_id=end_node.real_id)
 
 
 # ---------------------------------------------------------------------- node declarations
@@ -805,4 +841,6 @@ SPLIT_TEXT = NodeSpec(
 )
 
 NODES = [START_LOOP, END_LOOP, LOOP_STEP, LOOP_ITERATION, SPLIT_TEXT]
-GRAPH_CHECKS = [check_loops]
+# Validation runs the check; the rewrite then gives each End Loop its template (a declared input).
+LOOPS = GraphRewrite("loops", check_loops, rewrite_loops, adds_inputs={END: (LOOP_KEY,)})
+GRAPH_CHECKS = [LOOPS]

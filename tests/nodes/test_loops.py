@@ -614,3 +614,44 @@ def test_restyle_list_workflow_runs_headless(runner, paths):
     assert len(result.outputs["8"]["images"]) == 4  # End Loop accumulated every iteration's image
     colors = {tuple(np.asarray(Image.open(paths.output / n))[0, 0]) for n in names}
     assert len(colors) == 4  # one style color per prompt
+
+
+# ---------------------------------------------------------------------- the declared rewrite
+def test_the_loop_check_is_pure_and_the_rewrite_returns_a_new_graph(registry):
+    from execution.rewrite import rewrite_prompt
+    from nodes.loops import LOOP_KEY, LoopTemplate
+
+    prompt = Prompt.from_api({
+        "s": start("simple", num_iterations=3),
+        "add": {"class_type": "TestAdd", "inputs": {"a": ["s", 0], "b": 1}},
+        "e": end(["add", 0], accumulate="true"),
+        "o": out(["e", 0]),
+    })
+    before = {node_id: dict(node.inputs) for node_id, node in prompt.nodes.items()}
+    assert check_loops(prompt, registry, {}) == {}
+    assert {node_id: node.inputs for node_id, node in prompt.nodes.items()} == before  # the check changed nothing
+
+    rewritten = rewrite_prompt(prompt, registry, {})
+    assert {node_id: node.inputs for node_id, node in prompt.nodes.items()} == before and not prompt.stand_ins
+    end_node = rewritten.nodes["e"]
+    assert end_node is not prompt.nodes["e"] and type(end_node.inputs[LOOP_KEY]) is LoopTemplate
+    assert "output_value" not in end_node.inputs and end_node.inputs["accumulate"] is True
+    assert not end_node.links()  # the End no longer waits on its body
+    assert rewritten.stand_ins == {"s": "e", "add": "e"}
+    assert rewritten.nodes["add"] is prompt.nodes["add"]  # what the rewrite did not replace is shared
+
+
+def test_a_rewrite_may_add_only_the_inputs_it_declares(registry):
+    from execution.graph import PromptNode
+    from execution.rewrite import GraphRewrite, RewriteResult
+
+    prompt = Prompt.from_api({"c": {"class_type": "TestConst", "inputs": {"value": 1}}, "o": out(["c", 0])})
+
+    def sneak(prompt, registry, options):
+        return RewriteResult({"c": PromptNode("c", "TestConst", {"value": 1, "hidden_extra": 2})})
+
+    with pytest.raises(ValueError, match="undeclared inputs \\['hidden_extra'\\]"):
+        GraphRewrite("sneak", lambda *_: {}, sneak).apply(prompt, registry, {})
+    declared = GraphRewrite("declared", lambda *_: {}, sneak, adds_inputs={"TestConst": ("hidden_extra",)})
+    assert declared.apply(prompt, registry, {}).nodes["c"].inputs["hidden_extra"] == 2
+    assert "hidden_extra" not in prompt.nodes["c"].inputs
