@@ -41,7 +41,8 @@ class Expansion:
                    for child in graph}
         for new_id in renamed.values():
             if new_id in self.prompt.nodes:
-                raise RunFailure.node_raised(node, RuntimeError(f"expansion node id {new_id!r} is already in the graph"))
+                raise RunFailure.node_raised(
+                    node, RuntimeError(f"expansion node id {new_id!r} is already in the graph"))
         new_ids = [self._add_child(node, child, body, renamed) for child, body in graph.items()]
         self.readiness.sign(new_ids)  # the expansion's own nodes, sorted; outer sources are known
         template = []

@@ -14,6 +14,7 @@ from execution.failure import RunFailure
 from execution.graph import Link, Prompt, PromptNode, is_link_value
 from execution.paths import Paths
 from execution.readiness import Slot
+from execution.spec import NodeSpec
 from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 
 
@@ -172,7 +173,7 @@ def merge_ui(into: dict, ui: dict) -> None:
             into[key] = value
 
 
-def _collect(node: PromptNode, spec: Any, result: Any, called: Called, gathered: dict) -> None:
+def _collect(node: PromptNode, spec: NodeSpec, result: Any, called: Called, gathered: dict) -> None:
     """Add one call's result to the node's per-output lists."""
     if type(result) is tuple and len(result) == len(spec.outputs):
         result = NodeOutput(result)

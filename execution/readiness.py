@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 
 from execution.cache import CachedResult, OutputCache, node_signature
 from execution.graph import Link, Prompt, PromptNode
+from execution.spec import NodeSpec, Registry
 
 
 class Phase(IntEnum):
@@ -36,7 +37,7 @@ class Slot:
     __slots__ = ("node", "spec", "phase", "signature", "stable", "values", "uses", "deps", "blocked", "waiters",
                  "requested", "template")
 
-    def __init__(self, node: PromptNode, spec: Any) -> None:
+    def __init__(self, node: PromptNode, spec: NodeSpec) -> None:
         self.node = node
         self.spec = spec
         self.phase = IDLE
@@ -57,7 +58,7 @@ class Slot:
 class Readiness:
     """The slots of one run and the rules that move them from phase to phase."""
 
-    def __init__(self, prompt: Prompt, registry: Any, cache: OutputCache, structural: list[str | None],
+    def __init__(self, prompt: Prompt, registry: Registry, cache: OutputCache, structural: list[str | None],
                  served: Callable[[Slot, CachedResult], None]) -> None:
         self.prompt = prompt
         self.registry = registry
@@ -85,7 +86,7 @@ class Readiness:
         return f"Readiness({parts}; ready stack {len(self.ready)})"
 
     # ------------------------------------------------------------------ signatures
-    def _fingerprint(self, node: PromptNode, spec: Any) -> Any:
+    def _fingerprint(self, node: PromptNode, spec: NodeSpec) -> Any:
         fingerprint = spec.fingerprint
         if fingerprint is None:
             return node.salt
@@ -279,6 +280,6 @@ class Readiness:
         return sorted(node_id for node_id, slot in self.slots.items() if slot.deps is not None)[:10]
 
 
-def _dotted_lazy(spec: Any, node: PromptNode, name: str) -> bool:
+def _dotted_lazy(spec: NodeSpec, node: PromptNode, name: str) -> bool:
     inp = spec.instance_inputs(node.inputs).get(name)
     return bool(inp is not None and inp.lazy)

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from execution.graph import Prompt, PromptNode
-
-Check = Callable[[Prompt, Any, Mapping[str, Any]], dict[str, list[dict]]]
-
+from execution.spec import GraphCheck, Registry
 
 @dataclass(frozen=True)
 class RewriteResult:
@@ -35,22 +33,23 @@ class RewriteResult:
 class GraphRewrite:
     """A graph check whose passing prompts are then rewritten (see the module docstring)."""
 
-    def __init__(self, name: str, check: Check,
-                 rewrite: Callable[[Prompt, Any, Mapping[str, Any]], RewriteResult], *,
+    def __init__(self, name: str, check: GraphCheck,
+                 rewrite: Callable[[Prompt, Registry, Mapping[str, Any]], RewriteResult], *,
                  adds_inputs: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.name = name
         self.check = check
         self.rewrite = rewrite
         self.adds_inputs = dict(adds_inputs or {})  # class_type -> inputs the rewrite may add to it
 
-    def __call__(self, prompt: Prompt, registry: Any, options: Mapping[str, Any]) -> dict[str, list[dict]]:
+    def __call__(self, prompt: Prompt, registry: Registry,
+                 options: Mapping[str, Any]) -> Mapping[str, list[dict]] | None:
         """The check (validation calls graph checks as functions)."""
         return self.check(prompt, registry, options)
 
     def __repr__(self) -> str:
         return f"GraphRewrite({self.name})"
 
-    def apply(self, prompt: Prompt, registry: Any, options: Mapping[str, Any]) -> Prompt:
+    def apply(self, prompt: Prompt, registry: Registry, options: Mapping[str, Any]) -> Prompt:
         """`prompt` with this rewrite's result applied, as a new Prompt (`prompt` is not changed)."""
         result = self.rewrite(prompt, registry, options)
         if not result.replaced and not result.stand_ins:
@@ -74,9 +73,9 @@ class GraphRewrite:
         return Prompt(nodes, prompt.raw, {**prompt.stand_ins, **result.stand_ins})
 
 
-def rewrite_prompt(prompt: Prompt, registry: Any, options: Mapping[str, Any] | None = None) -> Prompt:
+def rewrite_prompt(prompt: Prompt, registry: Registry, options: Mapping[str, Any] | None = None) -> Prompt:
     """The graph to run: `prompt` with the registry's declared rewrites applied in order."""
-    for check in getattr(registry, "graph_checks", ()):
+    for check in registry.graph_checks:
         if isinstance(check, GraphRewrite):
             prompt = check.apply(prompt, registry, options or {})
     return prompt

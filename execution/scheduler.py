@@ -74,6 +74,7 @@ from execution.node_call import Called, NodeCaller, blocker_in, merge_ui
 from execution.paths import Paths
 from execution.profile import ProfileRows, Profiler
 from execution.readiness import Readiness, Slot
+from execution.spec import Registry
 from execution import context as run_context
 from execution.validation import ValidatedPrompt
 
@@ -111,13 +112,14 @@ class JobResult:
         return self.profile_rows.as_dicts()
 
     def __repr__(self) -> str:  # asyncio reprs task results; a large job's profile must not be printed
-        return f"JobResult({self.prompt_id!r}, {self.status!r}, executed={len(self.executed)}, cached={len(self.cached)})"
+        return (f"JobResult({self.prompt_id!r}, {self.status!r}, executed={len(self.executed)}, "
+                f"cached={len(self.cached)})")
 
 
 class Executor:
     """Runs prompts against a registry with one output cache shared across jobs."""
 
-    def __init__(self, registry, *, cache: OutputCache | None = None, events: EventBus | None = None,
+    def __init__(self, registry: Registry, *, cache: OutputCache | None = None, events: EventBus | None = None,
                  paths: Paths | None = None, runtime: dict | None = None) -> None:
         self.registry = registry
         self.cache = cache if cache is not None else NoCache()
