@@ -4,32 +4,36 @@ One forward of the transformer sees one sequence per batch element:
 
     [text | condition rows (keyframes, then references) | target audio | target video]
 
-- text: one row per text token; positions (t = index, h = w = 0).
-- keyframe rows (first/last frame, AddGuide): a guide's video latent as 1x2x2 patches on the target's
-  spatial grid, then its audio latent; both at rotary time `origin + 5/3 * frame_index`.
-- reference blocks (ref2va): images (one time unit each), audios (one unit per latent frame) and videos
-  (audio rows first, then video rows); each block advances the clock by its span, and the targets start
-  where the references end (`origin`).
-- target audio: channel-major (all left-lane rows, then all right-lane rows), one row per latent frame,
-  t advancing 1 per latent frame; w pinned to the grid's extremes (left lane / right lane), h = 0.
-- target video: 1x2x2 patches (96 values), t advancing 5/3 per pixel frame (a clip's first latent spans
-  1 pixel frame, the other four 4 frames each), h and w area-normalised.
+- text: one row per token at position (token index, 0, 0).
+- keyframe rows (first/last frame, AddGuide): a guide's video latent cut into 1x2x2 patches on the
+  target's spatial grid, followed by its audio latent; both start at rotary time
+  `origin + 5/3 * frame_index`.
+- reference blocks (ref2va): an image takes one time unit, an audio one unit per latent frame, a video
+  (its soundtrack's rows placed before its picture rows) the longer of its two spans. Blocks follow each
+  other on the clock from the end of the text, and the targets begin where the last block ends (`origin`).
+- target audio: two rows per latent frame, one per stereo lane, every left-lane row before the first
+  right-lane row. Time grows by 1 per latent frame; a lane's w is the coordinate of the first (left) or
+  the last (right) patch column of the video grid, and h is 0.
+- target video: one row per 1x2x2 patch (96 values). A latent frame's time is 5/3 per pixel frame that
+  precedes it (a clip's first latent stands for 1 pixel frame, each of its other four for 4); h and w are
+  area-normalised patch coordinates.
 
-All media share one clock of 40 units per second (5/3 per pixel frame at 24 fps, 1 per audio latent).
-Modality tags: video 0, text 1, audio 2.
+The clock runs at 40 units per second for every medium: one audio latent frame, or 3/5 of a pixel
+frame at 24 fps. Modality tags: video 0, text 1, audio 2.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
-from models.h3.latents import AUDIO_CHANNELS, CLIP_LATENTS, VIDEO_CHANNELS, latent_frames, pixel_frames
+from models.h3.latents import (AUDIO_CHANNELS, CLIP_FRAMES, CLIP_LATENTS, VIDEO_CHANNELS, latent_frames,
+                               pixel_frames)
 
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2
 FRAME_UNITS = 5.0 / 3.0                 # clock units per pixel frame (40 units/s at 24 fps)
-LATENT_FRAME_SPANS = (1, 4, 4, 4, 4)    # pixel frames covered by latent k % 5 of a clip
 VIDEO_CONDITION_T = 0.999               # timestep label (and noise level 1 - t) of visual condition rows
 AUDIO_CONDITION_T = 1.0                 # audio condition rows are clean
 MASK_LEVELS = 256                       # noise masks are quantised to steps of 1/256
@@ -53,63 +57,79 @@ def unpatchify_video(rows: torch.Tensor, t: int, h: int, w: int, channels: int =
 
 
 def pack_audio(latent: torch.Tensor) -> torch.Tensor:
-    """(C, 2, T) audio latent -> (2T, C) rows, channel-major (left lane's frames, then the right lane's)."""
+    """(C, lanes, T) audio latent -> (lanes * T, C): one row per (lane, frame), the whole left lane first."""
     c, lanes, t = latent.shape
     return latent.permute(1, 2, 0).reshape(lanes * t, c)
 
 
 def unpack_audio(rows: torch.Tensor, lanes: int = 2) -> torch.Tensor:
-    """Inverse of pack_audio: (2T, C) rows -> (C, 2, T)."""
+    """Inverse of pack_audio: (lanes * T, C) rows -> (C, lanes, T)."""
     t = rows.shape[0] // lanes
     return rows.reshape(lanes, t, rows.shape[-1]).permute(2, 0, 1)
 
 
 # Positions -------------------------------------------------------------------------------------
 
-def _axis(size: int, sqrt_area: float) -> torch.Tensor:
-    # Patch coordinates of one axis, centred and scaled so that a frame of any aspect ratio covers
-    # the same area: (k * ratio / n + (1 - ratio) / 2) * 32 for k < n patches, ratio = size / sqrt(area).
-    ratio = size / sqrt_area
-    n = size // 2
-    return (torch.arange(n, dtype=torch.float64) * (ratio / n) + (1.0 - ratio) / 2.0) * SPATIAL_EXTENT
+class FrameCoordinates(NamedTuple):
+    """Where one latent frame's patches sit on the h and w axes, and the w of the two audio lanes."""
+    hw: torch.Tensor                # (patch rows, 2) float64, (h, w) per patch, rows of the grid in order
+    lanes: tuple[float, float]      # w of the left and right stereo lane: first and last patch column
 
 
-def frame_grid(latent_h: int, latent_w: int) -> tuple[torch.Tensor, tuple[float, float]]:
-    """(h, w) coordinates of one latent frame's patch rows, (rows, 2), and the w extremes used by audio lanes."""
-    sqrt_area = math.sqrt(latent_h * latent_w)
-    hs, ws = _axis(latent_h, sqrt_area), _axis(latent_w, sqrt_area)
-    hh, ww = torch.meshgrid(hs, ws, indexing="ij")
-    return torch.stack([hh.reshape(-1), ww.reshape(-1)], dim=-1), (float(ws[0]), float(ws[-1]))
+def _patch_offsets(size: int, square_side: float) -> torch.Tensor:
+    # Every frame is treated as having the area of a square of side `square_side` (sqrt(h * w)): an axis
+    # of `size` latent pixels covers size / square_side of the extent, centred on its midpoint, and each
+    # of its size // 2 patches sits at the start of its equal share of that length.
+    share = size / square_side
+    count = size // 2
+    fractions = torch.arange(count, dtype=torch.float64) / count      # 0, 1/count, ... (< 1)
+    return (0.5 + (fractions - 0.5) * share) * SPATIAL_EXTENT
+
+
+def frame_coordinates(latent_h: int, latent_w: int) -> FrameCoordinates:
+    """Area-normalised patch coordinates of a (latent_h, latent_w) frame (whole 2x2 patches)."""
+    square_side = math.sqrt(latent_h * latent_w)
+    along_h, along_w = _patch_offsets(latent_h, square_side), _patch_offsets(latent_w, square_side)
+    return FrameCoordinates(torch.cartesian_prod(along_h, along_w).reshape(-1, 2),
+                            (float(along_w[0]), float(along_w[-1])))
+
+
+def _first_pixel_frame(latent_index: int) -> int:
+    # The pixel frame a latent frame starts at: 17 per whole clip before it, then within its own clip
+    # 1 frame for the clip's opening latent and 4 for each latent after it.
+    clips, within = divmod(latent_index, CLIP_LATENTS)
+    return clips * CLIP_FRAMES + (0 if within == 0 else 1 + 4 * (within - 1))
 
 
 def video_times(latent_t: int, origin: float) -> torch.Tensor:
-    """Rotary time of each latent frame: origin + 5/3 * (pixel frames before it)."""
-    spans = torch.tensor([FRAME_UNITS * LATENT_FRAME_SPANS[k % CLIP_LATENTS] for k in range(latent_t)],
-                         dtype=torch.float64)
-    return origin + torch.cat([torch.zeros(1, dtype=torch.float64), spans[:-1].cumsum(0)])
+    """Rotary time of each latent frame: origin + 5/3 per pixel frame before it."""
+    frames_before = torch.tensor([_first_pixel_frame(k) for k in range(latent_t)], dtype=torch.float64)
+    return origin + FRAME_UNITS * frames_before
 
 
 def video_span(latent_t: int) -> float:
     """Clock units covered by `latent_t` latent frames."""
-    return sum(FRAME_UNITS * LATENT_FRAME_SPANS[k % CLIP_LATENTS] for k in range(latent_t))
+    return FRAME_UNITS * _first_pixel_frame(latent_t)
 
 
 def video_positions(latent_t: int, latent_h: int, latent_w: int, origin: float) -> torch.Tensor:
-    """(latent_t * rows_per_frame, 3) float64 positions of video patch rows."""
-    grid, _ = frame_grid(latent_h, latent_w)
-    pos = torch.empty(latent_t, grid.shape[0], 3, dtype=torch.float64)
-    pos[:, :, 0] = video_times(latent_t, origin)[:, None]
-    pos[:, :, 1:] = grid[None]
-    return pos.reshape(-1, 3)
+    """(latent_t * patches per frame, 3) float64 positions (t, h, w) of video patch rows."""
+    hw = frame_coordinates(latent_h, latent_w).hw
+    times = video_times(latent_t, origin).repeat_interleave(hw.shape[0])
+    return torch.cat([times[:, None], hw.repeat(latent_t, 1)], dim=1)
 
 
-def audio_positions(audio_t: int, origin: float, w_extremes: tuple[float, float]) -> torch.Tensor:
-    """(2 * audio_t, 3) float64 positions of channel-major stereo audio rows."""
-    pos = torch.zeros(2 * audio_t, 3, dtype=torch.float64)
-    pos[:, 0] = (origin + torch.arange(audio_t, dtype=torch.float64)).repeat(2)
-    pos[:audio_t, 2] = w_extremes[0]
-    pos[audio_t:, 2] = w_extremes[1]
-    return pos
+def audio_positions(audio_t: int, origin: float, lanes: tuple[float, float]) -> torch.Tensor:
+    """(2 * audio_t, 3) float64 positions (t, h, w) of lane-major stereo audio rows."""
+    times = (origin + torch.arange(audio_t, dtype=torch.float64)).expand(2, audio_t)
+    lane_w = torch.tensor(lanes, dtype=torch.float64)[:, None].expand(2, audio_t)
+    return torch.stack([times, torch.zeros_like(times), lane_w], dim=-1).reshape(-1, 3)
+
+
+def text_positions(text_len: int) -> torch.Tensor:
+    """(text_len, 3) float64 positions of text rows: time = token index, h = w = 0."""
+    times = torch.arange(text_len, dtype=torch.float64)
+    return torch.stack([times, torch.zeros_like(times), torch.zeros_like(times)], dim=-1)
 
 
 # Condition items -------------------------------------------------------------------------------
@@ -237,67 +257,54 @@ class PackedLayout:
         raise KeyError(role)
 
 
+class _LayoutBuilder:
+    """Appends segments one after another; each segment's length is that of its positions."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.positions: list[torch.Tensor] = []
+
+    def add(self, role: str, tag: int, positions: torch.Tensor, item: int = -1) -> None:
+        start = self.segments[-1].stop if self.segments else 0
+        self.segments.append(Segment(role, start, start + positions.shape[0], tag, item))
+        self.positions.append(positions)
+
+    def layout(self, origin: float) -> PackedLayout:
+        return PackedLayout(self.segments, torch.cat(self.positions), origin)
+
+
 def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, audio_t: int,
                  items: list[ConditionItem] | None = None) -> PackedLayout:
     """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames."""
     items = items or []
-    grid_w = frame_grid(latent_h, latent_w)[1]
-    segments: list[Segment] = []
-    positions: list[torch.Tensor] = []
+    keyframes = [(i, item) for i, item in enumerate(items) if item.role == "keyframe"]
+    references = [(i, item) for i, item in enumerate(items) if item.role == "reference"]
+    target_lanes = frame_coordinates(latent_h, latent_w).lanes
+    # The reference blocks occupy the clock from the end of the text; the targets start after them.
+    origin = float(text_len) + sum(_reference_span(item) for _, item in references)
 
-    def add(role: str, n: int, tag: int, pos: torch.Tensor, item: int = -1) -> None:
-        start = segments[-1].stop if segments else 0
-        segments.append(Segment(role, start, start + n, tag, item))
-        positions.append(pos)
-
-    text_pos = torch.zeros(text_len, 3, dtype=torch.float64)
-    text_pos[:, 0] = torch.arange(text_len, dtype=torch.float64)
-    add("text", text_len, TAG_TEXT, text_pos)
-
-    # The targets start after every reference block; keyframes are placed relative to that origin.
-    origin = float(text_len)
-    for item in items:
-        if item.role == "reference":
-            origin += _reference_span(item)
-
-    for i, item in enumerate(items):
-        if item.role != "keyframe":
-            continue
-        t0 = origin + FRAME_UNITS * item.frame_index
+    rows = _LayoutBuilder()
+    rows.add("text", TAG_TEXT, text_positions(text_len))
+    for i, item in keyframes:
+        start = origin + FRAME_UNITS * item.frame_index
         if item.video is not None:
-            vt = item.video.shape[1]
-            add("cond_video", vt * (latent_h // 2) * (latent_w // 2), TAG_VIDEO,
-                video_positions(vt, latent_h, latent_w, t0), i)
+            rows.add("cond_video", TAG_VIDEO, video_positions(item.video.shape[1], latent_h, latent_w, start), i)
         if item.audio is not None:
-            at = item.audio.shape[-1]
-            add("cond_audio", 2 * at, TAG_AUDIO, audio_positions(at, t0, grid_w), i)
+            rows.add("cond_audio", TAG_AUDIO, audio_positions(item.audio.shape[-1], start, target_lanes), i)
 
-    cursor = float(text_len)
-    for i, item in enumerate(items):
-        if item.role != "reference":
-            continue
-        if item.kind == "image":
-            rh, rw = item.video.shape[2], item.video.shape[3]
-            grid, _ = frame_grid(rh, rw)
-            pos = torch.empty(grid.shape[0], 3, dtype=torch.float64)
-            pos[:, 0] = cursor
-            pos[:, 1:] = grid
-            add("ref_video", grid.shape[0], TAG_VIDEO, pos, i)
-        elif item.kind == "audio":
-            at = item.audio.shape[-1]
-            add("ref_audio", 2 * at, TAG_AUDIO, audio_positions(at, cursor, grid_w), i)
-        else:
-            vt, rh, rw = item.video.shape[1:]
-            if item.audio is not None:
-                at = item.audio.shape[-1]
-                add("ref_audio", 2 * at, TAG_AUDIO, audio_positions(at, cursor, frame_grid(rh, rw)[1]), i)
-            add("ref_video", vt * (rh // 2) * (rw // 2), TAG_VIDEO, video_positions(vt, rh, rw, cursor), i)
-        cursor += _reference_span(item)
+    clock = float(text_len)
+    for i, item in references:
+        if item.audio is not None:
+            # A video's soundtrack sits on the lanes of the video's own grid; a lone audio on the target's.
+            lanes = target_lanes if item.video is None else frame_coordinates(*item.video.shape[2:]).lanes
+            rows.add("ref_audio", TAG_AUDIO, audio_positions(item.audio.shape[-1], clock, lanes), i)
+        if item.video is not None:
+            rows.add("ref_video", TAG_VIDEO, video_positions(*item.video.shape[1:], clock), i)
+        clock += _reference_span(item)
 
-    add("audio", 2 * audio_t, TAG_AUDIO, audio_positions(audio_t, origin, grid_w))
-    add("video", latent_t * (latent_h // 2) * (latent_w // 2), TAG_VIDEO,
-        video_positions(latent_t, latent_h, latent_w, origin))
-    return PackedLayout(segments, torch.cat(positions), origin)
+    rows.add("audio", TAG_AUDIO, audio_positions(audio_t, origin, target_lanes))
+    rows.add("video", TAG_VIDEO, video_positions(latent_t, latent_h, latent_w, origin))
+    return rows.layout(origin)
 
 
 def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
@@ -328,12 +335,13 @@ def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
 
 
 def _reference_span(item: ConditionItem) -> float:
+    # Clock units a reference block holds: a still image one unit whatever its size; otherwise the longer
+    # of its sound (one unit per audio latent frame) and its picture (5/3 per pixel frame).
     if item.kind == "image":
         return 1.0
-    if item.kind == "audio":
-        return float(item.audio.shape[-1])
-    audio_span = float(item.audio.shape[-1]) if item.audio is not None else 0.0
-    return max(audio_span, video_span(item.video.shape[1]))
+    sound = float(item.audio.shape[-1]) if item.audio is not None else 0.0
+    picture = video_span(item.video.shape[1]) if item.video is not None else 0.0
+    return max(sound, picture)
 
 
 # Noise masks (1 = generate, 0 = keep) ------------------------------------------------------------
@@ -419,7 +427,8 @@ def expand_audio_mask(frame_mask: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "TAG_VIDEO", "TAG_TEXT", "TAG_AUDIO", "FRAME_UNITS", "VIDEO_CONDITION_T", "AUDIO_CONDITION_T",
-    "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "frame_grid", "video_positions",
+    "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "FrameCoordinates", "frame_coordinates",
+    "video_positions", "text_positions",
     "audio_positions", "ConditionItem", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",
     "quantise_mask", "reduce_video_mask", "reduce_audio_mask", "expand_video_mask", "expand_audio_mask",
     "latent_frames",

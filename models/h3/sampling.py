@@ -27,10 +27,18 @@ def shifted_sigma(b: torch.Tensor | float, shift: float) -> torch.Tensor | float
     return shift * b / (1.0 + (shift - 1.0) * b)
 
 
+def unshifted_sigma(sigma: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    """The base grid value b that `shifted_sigma(b, shift)` maps to `sigma`.
+
+    Solving sigma * (1 + (s-1)*b) = s*b for b gives b = sigma / (s - (s-1)*sigma).
+    """
+    return sigma / (shift - (shift - 1.0) * sigma)
+
+
 def convert_sigma(sigma: torch.Tensor | float, from_shift: float, to_shift: float) -> torch.Tensor | float:
-    """The sigma of the same base-grid point under another shift (video sigma -> audio sigma)."""
-    base = sigma / (from_shift + sigma * (1.0 - from_shift))
-    return shifted_sigma(base, to_shift)
+    """Re-express a sigma of one shifted schedule in another: both schedules share the base grid, so the
+    video step's sigma becomes the audio step's by mapping it back to the grid and forward again."""
+    return shifted_sigma(unshifted_sigma(sigma, from_shift), to_shift)
 
 
 def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,70 +71,82 @@ def _rms_norm(dim: int, eps: float) -> nn.Module:
     return op("RMSNorm")(dim, eps=eps)
 
 
-class TimeEmbedder(nn.Module):
-    """Sinusoidal features of t in [0, 1] (cos before sin) -> MLP."""
+def _falling_frequencies(count: int, base: float = 10000.0) -> torch.Tensor:
+    # base^(-i / count) for i < count, falling geometrically from 1 towards 1 / base. Written as
+    # exp(i * -ln(base) / count) and evaluated in float32 in that order, because that is how the released
+    # model's reference code rounds them; the features then match it bit for bit.
+    steps = torch.arange(count, dtype=torch.float32)
+    return torch.exp(steps * -math.log(base) / count)
 
-    def __init__(self, freq_dim: int, hidden: int, out: int):
+
+class TimestepEncoder(nn.Module):
+    """Timestep t in [0, 1] -> sinusoidal features (all cosines, then all sines) -> two-layer SiLU MLP."""
+
+    def __init__(self, feature_dim: int, hidden_dim: int, out_dim: int):
         super().__init__()
-        self.freq_dim = freq_dim
-        self.proj_in = op("Linear")(freq_dim, hidden, bias=True)
-        self.proj_out = op("Linear")(hidden, out, bias=True)
+        self.feature_dim = feature_dim
+        self.proj_in = op("Linear")(feature_dim, hidden_dim, bias=True)
+        self.proj_out = op("Linear")(hidden_dim, out_dim, bias=True)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        args = t.float()[:, None] * freqs[None]  # (M, half)
-        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        return self.proj_out(F.silu(self.proj_in(emb.to(self.proj_in.weight.dtype))))
+        frequencies = _falling_frequencies(self.feature_dim // 2).to(t.device)
+        phases = t.float()[:, None] * frequencies  # (M, feature_dim / 2)
+        features = torch.cat([phases.cos(), phases.sin()], dim=-1)
+        hidden = F.silu(self.proj_in(features.to(self.proj_in.weight.dtype)))
+        return self.proj_out(hidden)
 
 
-class Attention(nn.Module):
-    """Fused qkv (no bias), per-head RMSNorm on q and k, partial split-half RoPE, out projection."""
+class RotarySelfAttention(nn.Module):
+    """Self-attention with one fused q/k/v projection, RMS-normalised q and k per head, and rotary positions
+    on the leading dims of each head."""
 
-    def __init__(self, hidden: int, heads: int, head_dim: int, qk_eps: float):
+    def __init__(self, width: int, heads: int, head_dim: int, qk_eps: float):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
-        inner = heads * head_dim
-        self.qkv_proj = op("Linear")(hidden, 3 * inner, bias=False)
+        self.qkv_proj = op("Linear")(width, 3 * heads * head_dim, bias=False)
         self.q_norm = _rms_norm(head_dim, qk_eps)
         self.k_norm = _rms_norm(head_dim, qk_eps)
-        self.out_proj = op("Linear")(inner, hidden, bias=False)
+        self.out_proj = op("Linear")(heads * head_dim, width, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
-        s = x.shape[0]
-        q, k, v = self.qkv_proj(x).view(s, 3, self.heads, self.head_dim).unbind(1)  # each (S, H, D)
+        rows = x.shape[0]
+        # The fused projection's output features are ordered (q|k|v, head, dim).
+        q, k, v = self.qkv_proj(x).view(rows, 3, self.heads, self.head_dim).unbind(1)  # each (S, heads, dim)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rope_split_half(q, *rope), rope_split_half(k, *rope)
-        out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # (1, H, S, D)
-        out = out[0].transpose(0, 1).reshape(s, self.heads * self.head_dim)
-        return self.out_proj(out, residual=residual)
+        by_head = [part.transpose(0, 1)[None] for part in (q, k, v)]  # (1, heads, S, dim)
+        mixed = attention(*by_head)[0].transpose(0, 1).reshape(rows, self.heads * self.head_dim)
+        return self.out_proj(mixed, residual=residual)
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward; fc1 holds the gate and value halves."""
+class SwiGLU(nn.Module):
+    """Gated feed-forward: fc2(silu(gate) * value), where fc1 yields the gate and value halves side by side."""
 
-    def __init__(self, hidden: int, ffn: int):
+    def __init__(self, width: int, inner: int):
         super().__init__()
-        self.fc1 = op("Linear")(hidden, 2 * ffn, bias=False)
-        self.fc2 = op("Linear")(ffn, hidden, bias=False)
+        self.fc1 = op("Linear")(width, 2 * inner, bias=False)
+        self.fc2 = op("Linear")(inner, width, bias=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return self.fc2(self.fc1(x), prologue="swiglu", residual=residual)
 
 
-class AdalnProj(nn.Module):
-    """t_emb (M, t_dim) -> `expand` tensors of (M * modalities, hidden); row m * modalities + tag."""
+class Modulation(nn.Module):
+    """Time embeddings -> modulation tables: `parts` tensors (shift, scale or gate) of one row per
+    (timestep, modality tag), row index = timestep index * tags + tag."""
 
-    def __init__(self, t_dim: int, hidden: int, expand: int, modalities: int, apply_silu: bool = True):
+    def __init__(self, time_dim: int, width: int, parts: int, tags: int, *, silu_input: bool = True):
         super().__init__()
-        self.expand, self.modalities, self.hidden, self.apply_silu = expand, modalities, hidden, apply_silu
-        self.linear = op("Linear")(t_dim, expand * hidden * modalities, bias=True)
+        self.parts, self.tags, self.width, self.silu_input = parts, tags, width, silu_input
+        # One output feature per (tag, part, channel), in that order: the checkpoint's layout.
+        self.linear = op("Linear")(time_dim, tags * parts * width, bias=True)
 
     def forward(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x = self.linear((F.silu(t_emb) if self.apply_silu else t_emb).to(input_dtype(self.linear)))
-        return x.view(x.shape[0] * self.modalities, self.expand * self.hidden).chunk(self.expand, dim=-1)
+        source = F.silu(t_emb) if self.silu_input else t_emb
+        table = self.linear(source.to(input_dtype(self.linear)))  # (M, tags * parts * width)
+        return table.reshape(-1, self.parts, self.width).unbind(1)  # parts x (M * tags, width)
 
 
 class RowModulation:
@@ -170,73 +183,91 @@ class RowModulation:
         return out
 
 
-class RefinerBlock(nn.Module):
-    """Pre-norm attention + SwiGLU block for text tokens (no modulation, no RoPE)."""
+def _modulated_residual(x: torch.Tensor, rows: RowModulation, norm: nn.Module, sublayer: Callable,
+                        shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x + gate * sublayer(norm(x) * (1 + scale) + shift), with each row's shift, scale and gate."""
+    return rows.gated_add(x, gate, sublayer(rows.affine(norm(x), shift, scale)))
+
+
+class TextLayer(nn.Module):
+    """A pre-norm transformer layer for the text rows alone: attention then SwiGLU, no modulation, no RoPE."""
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__()
         self.norm1 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
         self.norm2 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = Attention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.ffn_size)
+        self.attn = RotarySelfAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.ffn_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.attn(self.norm1(x), residual=x)
         return self.mlp(self.norm2(x), residual=x)
 
 
-class TokenRefiner(nn.Module):
-    """A few plain transformer blocks over the projected text, then a final RMSNorm."""
+class TextRefiner(nn.Module):
+    """Prepares the projected text for the joint sequence: a stack of TextLayers and an RMSNorm."""
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__()
-        self.blocks = nn.ModuleList([RefinerBlock(cfg) for _ in range(cfg.refiner_layers)])
+        self.blocks = nn.ModuleList([TextLayer(cfg) for _ in range(cfg.refiner_layers)])
         self.final_norm = _rms_norm(cfg.hidden_size, cfg.final_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
+        for layer in self.blocks:
+            x = layer(x)
         return self.final_norm(x)
 
 
-class DiTBlock(nn.Module):
-    """AdaLN-zero block: modulated attention and SwiGLU, each with a per-row gate."""
+class JointLayer(nn.Module):
+    """One layer over the whole packed sequence: attention and SwiGLU, each wrapped in a per-row
+    modulation (shift and scale before, a gate on the residual) chosen by timestep and modality."""
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__()
-        curve = cfg.adaln_curve_points is not None
         self.norm1 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
         self.norm2 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = Attention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.ffn_size)
-        self.adaln_proj = AdalnProj(cfg.time_embed_dim, cfg.hidden_size, 6, 3, apply_silu=not curve)
+        self.attn = RotarySelfAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.ffn_size)
+        # Curve-form checkpoints store the modulation input already activated.
+        self.adaln_proj = Modulation(cfg.time_embed_dim, cfg.hidden_size, parts=6, tags=3,
+                                     silu_input=cfg.adaln_curve_points is None)
 
-    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, mod: RowModulation,
+    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, rows: RowModulation,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaln_proj(t_emb)  # each (M * 3, hidden)
-        h = mod.affine(self.norm1(x), shift_a, scale_a)
-        x = mod.gated_add(x, gate_a, self.attn(h, rope))
-        h = mod.affine(self.norm2(x), shift_m, scale_m)
-        return mod.gated_add(x, gate_m, self.mlp(h))
+        tables = self.adaln_proj(t_emb)  # attention's shift, scale, gate, then the SwiGLU's
+        x = _modulated_residual(x, rows, self.norm1, lambda h: self.attn(h, rope), *tables[:3])
+        return _modulated_residual(x, rows, self.norm2, self.mlp, *tables[3:])
 
 
-class FinalLayer(nn.Module):
-    """Modulated RMSNorm and the float32 output heads for video patches and audio rows."""
+class OutputHeads(nn.Module):
+    """Modulated RMSNorm of the target rows, then the float32 projection to video patches or audio frames."""
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__()
-        curve = cfg.adaln_curve_points is not None
         self.norm = _rms_norm(cfg.hidden_size, cfg.final_norm_eps)
-        self.adaln_proj = AdalnProj(cfg.time_embed_dim, cfg.hidden_size, 2, 1, apply_silu=not curve)
+        self.adaln_proj = Modulation(cfg.time_embed_dim, cfg.hidden_size, parts=2, tags=1,
+                                     silu_input=cfg.adaln_curve_points is None)
         self.video_out = op("Linear")(cfg.hidden_size, cfg.video_patch_dim, bias=True)
         self.audio_out = op("Linear")(cfg.hidden_size, cfg.audio_channels, bias=True)
 
     def forward(self, x: torch.Tensor, t_emb: torch.Tensor, t_index: torch.Tensor,
-                head: str) -> torch.Tensor:
-        shift, scale = self.adaln_proj(t_emb)  # each (M, hidden)
-        h = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
-        out = self.video_out if head == "video" else self.audio_out
-        return out(h.to(out.weight.dtype)).float()
+                stream: str) -> torch.Tensor:
+        """Float32 velocities of `x`, rows of the "video" or the "audio" stream; t_index picks each row's timestep."""
+        shift, scale = self.adaln_proj(t_emb)  # one row per timestep (a single tag)
+        normed = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
+        head = self.video_out if stream == "video" else self.audio_out
+        return head(normed.to(head.weight.dtype)).float()
+
+
+def _noised_visual_condition(rows: torch.Tensor, seed: int) -> torch.Tensor:
+    """Visual condition rows at noise level sigma = 1 - VIDEO_CONDITION_T, the level they are labelled with.
+
+    The flow interpolation (1 - sigma) * clean + sigma * noise, with noise from a CPU generator seeded
+    afresh for every block, so every block and every step sees the same noise for a given seed.
+    """
+    sigma = 1.0 - packing.VIDEO_CONDITION_T
+    noise = torch.randn(rows.shape, generator=torch.Generator("cpu").manual_seed(int(seed)), dtype=torch.float32)
+    return (1.0 - sigma) * rows + sigma * noise.to(rows.device)
 
 
 # Parameters kept in float32 whatever the model dtype (the checkpoint's float32 island).
@@ -258,13 +289,13 @@ class H3Transformer(nn.Module):
         if cfg.adaln_curve_points is not None:
             self.register_buffer("adaln_t_table", torch.zeros(cfg.adaln_curve_points, cfg.time_embed_dim))
         else:
-            self.time_embedder = TimeEmbedder(cfg.time_freq_dim, cfg.time_hidden_size, cfg.time_embed_dim)
+            self.time_embedder = TimestepEncoder(cfg.time_freq_dim, cfg.time_hidden_size, cfg.time_embed_dim)
         self.rope = nn.Module()
         n = cfg.rope_freqs_per_axis
         self.rope.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(n, dtype=torch.float32) / n)))
-        self.token_refiner = TokenRefiner(cfg)
-        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_layers)])
-        self.final_layer = FinalLayer(cfg)
+        self.token_refiner = TextRefiner(cfg)
+        self.blocks = nn.ModuleList([JointLayer(cfg) for _ in range(cfg.num_layers)])
+        self.final_layer = OutputHeads(cfg)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -346,20 +377,16 @@ class H3Transformer(nn.Module):
         t_emb = self.time_embedding(t_values.to(device))
         mod = RowModulation((t_index * 3 + tags).to(device))
 
-        # Embed every row in float32 (the patch projections are float32), then switch to the model dtype.
+        # Rows are embedded in float32 (the patch projections are float32), then kept in the model dtype.
         x = torch.empty(seq, cfg.hidden_size, dtype=dtype, device=device)
         for seg in layout.segments:
             if seg.role == "text":
                 x[seg.start:seg.stop] = self.refine_text(text)
-            elif seg.role in ("video", "cond_video", "ref_video"):
-                lat = video if seg.role == "video" else items[seg.item].video
-                rows = packing.patchify_video(lat.float().to(device))
-                if seg.role != "video" and packing.VIDEO_CONDITION_T < 1.0:
-                    # Visual condition rows are held at a slight noise level (t = 0.999), the same noise every step.
-                    gen = torch.Generator("cpu").manual_seed(int(seed))
-                    noise = torch.randn(rows.shape, generator=gen, dtype=torch.float32).to(device)
-                    aug = packing.VIDEO_CONDITION_T
-                    rows = aug * rows + (1.0 - aug) * noise
+            elif seg.role == "video":
+                x[seg.start:seg.stop] = self._proj(self.video_patch_proj, packing.patchify_video(video.float())).to(dtype)
+            elif seg.role in ("cond_video", "ref_video"):
+                rows = packing.patchify_video(items[seg.item].video.float().to(device))
+                rows = _noised_visual_condition(rows, seed)
                 x[seg.start:seg.stop] = self._proj(self.video_patch_proj, rows).to(dtype)
             else:
                 lat = audio if seg.role == "audio" else items[seg.item].audio
