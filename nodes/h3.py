@@ -1,13 +1,13 @@
-"""MiniMax H3 nodes: task conditioning (text / first-last frame / references to video with audio), the
-sigma shifts, and the resolution selector the official templates use.
+"""MiniMax H3 conditioning nodes (text, first / last frame and references to video with sound), the node
+that sets the two flow shifts, and the resolution picker the official templates use.
 
-MiniMaxH3ImageToVideo and MiniMaxH3ReferenceToVideo return the prompt's CONDITIONING and an empty H3
-LATENT of the requested size. Keyframes (first / last frame) and references (images, videos with their
-soundtracks, audios) are encoded with the VAEs and ride in the conditioning's extras as `keyframes` and
-`references` (models/h3/__init__.py); the transformer packs them as clean condition rows.
+The two conditioning nodes hand back the encoded prompt and an empty H3 LATENT of the asked size.
+Keyframes and references are VAE-encoded here and travel in the conditioning's extras under
+`keyframes` and `references` (the format is in models/h3/__init__.py); the transformer turns them into
+clean condition rows of its packed sequence.
 
-Weft's text encoder reads text only: the reference tags of a prompt (<Picture 1>, <Audio 1>, ...) stay
-plain text, and the images are not shown to it (the real model's Qwen3-VL also sees them).
+Weft's text encoder reads text only: tags such as <Picture 1> or <Audio 1> stay ordinary words of the
+prompt, and the encoder never sees the images (the released model's Qwen3-VL does).
 """
 from __future__ import annotations
 
@@ -22,11 +22,16 @@ from nodes.loaders import check_clip, check_model, check_vae, with_options
 from nodes.spec import Input, NodeSpec, Output
 from nodes.vae import encode_frames, encode_waveform
 
-CANVAS_MULTIPLE = 32           # H3 sizes are multiples of 32 pixels (whole 1x2x2 patches of 16x latents)
-BASE_SHORT_EDGE = 768          # the reference-video canvas of the released model
-MAX_CANVAS_PIXELS = 768 * 1344
-REF_IMAGE_SHORT_EDGE = 2048    # 'max' reference image sizing
-REF_VIDEO_MIN_FRAMES = 5
+# Frame sides are multiples of this many pixels: whole 1x2x2 patches of the 16x-downsampled latent.
+SIZE_STEP = 32
+# How the released pipeline sizes references, in pixels.
+VIDEO_REFERENCE_SHORT_SIDE = 768
+VIDEO_REFERENCE_MAX_AREA = 1344 * 768
+IMAGE_REFERENCE_MAX_SHORT_SIDE = 2048
+# The video encoder's smallest input: one clip start and one group of four frames.
+VIDEO_REFERENCE_MIN_FRAMES = 5
+
+# ResolutionSelector's choices: label -> (width units, height units).
 ASPECT_RATIOS = {
     "1:1 (Square)": (1, 1), "3:2 (Photo)": (3, 2), "4:3 (Standard)": (4, 3), "16:9 (Widescreen)": (16, 9),
     "21:9 (Ultrawide)": (21, 9), "2:3 (Portrait Photo)": (2, 3), "3:4 (Portrait Standard)": (3, 4),
@@ -35,12 +40,14 @@ ASPECT_RATIOS = {
 
 
 # ---------------------------------------------------------------------- sizing
-def _grid(value: float) -> int:
-    return max(CANVAS_MULTIPLE, round(value / CANVAS_MULTIPLE) * CANVAS_MULTIPLE)
+def _snap(pixels: float) -> int:
+    """The multiple of SIZE_STEP nearest to `pixels`, at least one step."""
+    return max(SIZE_STEP, round(pixels / SIZE_STEP) * SIZE_STEP)
 
 
-def _grid_floor(value: float) -> int:
-    return max(CANVAS_MULTIPLE, math.floor(value / CANVAS_MULTIPLE) * CANVAS_MULTIPLE)
+def _snap_down(pixels: float) -> int:
+    """The largest multiple of SIZE_STEP not above `pixels`, at least one step."""
+    return max(SIZE_STEP, math.floor(pixels / SIZE_STEP) * SIZE_STEP)
 
 
 def downscale_to_area(width: int, height: int, max_pixels: int) -> tuple[int, int]:
@@ -48,28 +55,38 @@ def downscale_to_area(width: int, height: int, max_pixels: int) -> tuple[int, in
     scale = min(1.0, math.sqrt(max_pixels / (width * height)))
     sw, sh = width * scale, height * scale
     # Nearest grid size, but rounding may not turn a down-scale into an up-scale.
-    tw, th = min(_grid(sw), _grid_floor(width)), min(_grid(sh), _grid_floor(height))
+    tw, th = min(_snap(sw), _snap_down(width)), min(_snap(sh), _snap_down(height))
     if tw * th > max_pixels:
-        tw, th = _grid_floor(sw), _grid_floor(sh)
-    while tw * th > max_pixels and (tw > CANVAS_MULTIPLE or th > CANVAS_MULTIPLE):
-        if tw >= th and tw > CANVAS_MULTIPLE:
-            tw -= CANVAS_MULTIPLE
+        tw, th = _snap_down(sw), _snap_down(sh)
+    while tw * th > max_pixels and (tw > SIZE_STEP or th > SIZE_STEP):
+        if tw >= th and tw > SIZE_STEP:
+            tw -= SIZE_STEP
         else:
-            th -= CANVAS_MULTIPLE
+            th -= SIZE_STEP
     return tw, th
 
 
-def official_video_canvas(width: int, height: int) -> tuple[int, int]:
-    """The released model's reference-video canvas: 768-pixel short edge, at most 768 x 1344 pixels."""
-    ratio = width / height
-    w, h = (BASE_SHORT_EDGE * ratio, BASE_SHORT_EDGE) if ratio >= 1 else (BASE_SHORT_EDGE, BASE_SHORT_EDGE / ratio)
-    if w * h > MAX_CANVAS_PIXELS:
-        shrink = math.sqrt(MAX_CANVAS_PIXELS / (w * h))
-        w, h = w * shrink, h * shrink
-    tw, th = _grid(w), _grid(h)
-    if width * height < tw * th:  # a smaller source keeps its own size (on the grid)
-        tw, th = _grid(width), _grid(height)
-    return tw, th
+def reference_video_canvas(width: int, height: int) -> tuple[int, int]:
+    """The frame size 'official' sizing encodes a width x height reference video at.
+
+    The released pipeline's canvas: the video scaled to a 768-pixel short side, or less where that
+    would pass 1344 x 768 pixels of area, and snapped to the size grid. A video with fewer pixels than
+    that canvas is not enlarged; it is only snapped.
+    """
+    scale = min(VIDEO_REFERENCE_SHORT_SIDE / min(width, height),
+                math.sqrt(VIDEO_REFERENCE_MAX_AREA / (width * height)))
+    canvas = _snap(width * scale), _snap(height * scale)
+    if width * height < canvas[0] * canvas[1]:
+        return _snap(width), _snap(height)
+    return canvas
+
+
+def _cap_short_side(width: int, height: int, limit: int) -> tuple[int, int]:
+    """(width, height) snapped to the size grid, scaled down first when the short side passes `limit`."""
+    shrink = limit / min(width, height)
+    if shrink >= 1.0:
+        return _snap(width), _snap(height)
+    return _snap(width * shrink), _snap(height * shrink)
 
 
 def _resize(images: torch.Tensor, width: int, height: int, crop: str) -> torch.Tensor:
@@ -88,21 +105,26 @@ def _image_to_video(clip: Any, vae: Any, prompt: str, width: int, height: int, l
     clip = check_clip(node, clip)
     latent = empty_av_latent(node, width, height, length)
     frames, width, height = latent["length"], width - width % 16, height - height % 16
+    # The released pipeline prepares the two ends differently: the opening frame is resized to the canvas
+    # as it is (all of the picture kept, proportions bent if they differ); the closing frame keeps its
+    # proportions, covering the canvas and losing what overhangs.
+    ends = [("first_frame", first_frame, 0, "disabled"), ("last_frame", last_frame, frames - 1, "center")]
     keyframes = []
-    if first_frame is not None or last_frame is not None:
+    for name, image, frame_index, crop in ends:
+        if image is None:
+            continue
         vae = check_vae(node, vae, "video")
-    if first_frame is not None:
-        # The first frame fixes the geometry: stretched to the canvas.
-        image = _resize(check_image(node, first_frame, "first_frame")[:1], width, height, "disabled")
-        keyframes.append({"frame_index": 0, "latent": encode_frames(node, vae, image, "first_frame")})
-    if last_frame is not None:
-        # The last frame follows it: scaled to cover the canvas, centre-cropped.
-        image = _resize(check_image(node, last_frame, "last_frame")[:1], width, height, "center")
-        keyframes.append({"frame_index": frames - 1, "latent": encode_frames(node, vae, image, "last_frame")})
+        fitted = _resize(check_image(node, image, name)[:1], width, height, crop)
+        keyframes.append({"frame_index": frame_index, "latent": encode_frames(node, vae, fitted, name)})
     conditioning = clip.encode(prompt, node=node)
     if keyframes:
         conditioning = _with_extras(conditioning, keyframes=keyframes)
     return conditioning, latent
+
+
+def _slot_number(name: str, prefix: str) -> str:
+    """The number an autogrow slot is named with: "ref_video_2" with prefix "ref_video_" -> "2"."""
+    return name.removeprefix(prefix)
 
 
 def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width: int, height: int, length: int,
@@ -122,16 +144,15 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         image = check_image(node, image, f"ref_images.{name}")
         h, w = int(image.shape[1]), int(image.shape[2])
         if ref_image_size == "match":
-            tw, th = downscale_to_area(w, h, width * height)
+            size = downscale_to_area(w, h, width * height)
         elif ref_image_size == "max":
-            scale = min(1.0, REF_IMAGE_SHORT_EDGE / min(w, h))
-            tw, th = _grid(w * scale), _grid(h * scale)
+            size = _cap_short_side(w, h, IMAGE_REFERENCE_MAX_SHORT_SIDE)
         else:
             raise ValueError(f"{node}: ref_image_size {ref_image_size!r} is not 'match' or 'max'")
-        resized = _resize(image[:1], tw, th, "disabled")
+        resized = _resize(image[:1], *size, "disabled")
         references.append({"kind": "image", "latent": encode_frames(node, vae, resized, f"ref_images.{name}")})
 
-    soundtracks = ref_video_audios or {}
+    soundtracks = {_slot_number(slot, "ref_video_audio_"): audio for slot, audio in (ref_video_audios or {}).items()}
     for name, video in (ref_videos or {}).items():
         if video is None:
             continue
@@ -139,21 +160,20 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         video = check_image(node, video, f"ref_videos.{name}")
         vh, vw = int(video.shape[1]), int(video.shape[2])
         if ref_video_size == "official":
-            cw, ch = official_video_canvas(vw, vh)
+            size = reference_video_canvas(vw, vh)
         elif ref_video_size == "match":
-            cw, ch = downscale_to_area(vw, vh, min(width * height, MAX_CANVAS_PIXELS))
+            size = downscale_to_area(vw, vh, min(width * height, VIDEO_REFERENCE_MAX_AREA))
         else:
             raise ValueError(f"{node}: ref_video_size {ref_video_size!r} is not 'official' or 'match'")
-        count = min(int(video.shape[0]), frames)
-        if count < REF_VIDEO_MIN_FRAMES:
-            raise ValueError(f"{node}: reference video {name} has {video.shape[0]} frames; at least "
-                             f"{REF_VIDEO_MIN_FRAMES} (about 0.2 s at 24 fps) are needed")
-        count -= (count - 5) % 17  # whole encoder clips: 17k + 5 frames
-        clip_frames = _resize(video[:count], cw, ch, "disabled")
+        usable = min(int(video.shape[0]), frames)
+        if usable < VIDEO_REFERENCE_MIN_FRAMES:
+            raise ValueError(f"{node}: reference video {name} has {video.shape[0]} frames, fewer than the "
+                             f"{VIDEO_REFERENCE_MIN_FRAMES} the video encoder needs")
+        usable -= (usable - 5) % 17  # the encoder reads 17k + 5 frames; the rest of the last clip is dropped
+        clip_frames = _resize(video[:usable], *size, "disabled")
         entry = {"kind": "video", "latent": encode_frames(node, vae, clip_frames, f"ref_videos.{name}"),
                  "audio_latent": None}
-        # ref_video_audio_N is the soundtrack of ref_video_N.
-        soundtrack = soundtracks.get("ref_video_audio_" + name.rsplit("_", 1)[-1])
+        soundtrack = soundtracks.get(_slot_number(name, "ref_video_"))
         if soundtrack is not None:
             audio_vae = check_vae(node, audio_vae, "audio", "audio_vae")
             entry["audio_latent"] = encode_waveform(node, audio_vae, _first(soundtrack), "ref_video_audios")[:1]
@@ -190,17 +210,17 @@ def _resolution_selector(aspect_ratio: str, megapixels: float, multiple: int = 8
         raise ValueError(f"ResolutionSelector: aspect_ratio {aspect_ratio!r} is not one of {', '.join(ASPECT_RATIOS)}")
     if multiple < 1:
         raise ValueError(f"ResolutionSelector: multiple must be positive, got {multiple}")
-    w_ratio, h_ratio = ASPECT_RATIOS[aspect_ratio]
-    unit = math.sqrt(megapixels * 1024 * 1024 / (w_ratio * h_ratio))  # pixels per aspect unit
-    width = round(w_ratio * unit / multiple) * multiple
-    height = round(h_ratio * unit / multiple) * multiple
+    w_units, h_units = ASPECT_RATIOS[aspect_ratio]
+    # The frame is (w_units * u) x (h_units * u) pixels; its area, megapixels * 2^20, fixes u.
+    pixels_per_unit = math.sqrt(megapixels * 1024 * 1024 / (w_units * h_units))
+    width, height = (round(units * pixels_per_unit / multiple) * multiple for units in (w_units, h_units))
     if width < minimum or height < minimum:
         # The smallest size that keeps the exact ratio, is on the grid and reaches the minimum on both sides.
-        step_w = multiple // math.gcd(w_ratio, multiple)
-        step_h = multiple // math.gcd(h_ratio, multiple)
+        step_w = multiple // math.gcd(w_units, multiple)
+        step_h = multiple // math.gcd(h_units, multiple)
         k_step = step_w * step_h // math.gcd(step_w, step_h)
-        k = math.ceil(math.ceil(max(minimum / w_ratio, minimum / h_ratio)) / k_step) * k_step
-        width, height = w_ratio * k, h_ratio * k
+        k = math.ceil(math.ceil(max(minimum / w_units, minimum / h_units)) / k_step) * k_step
+        width, height = w_units * k, h_units * k
     return int(width), int(height)
 
 
@@ -219,8 +239,8 @@ NODES = [
     NodeSpec(
         node_id="MiniMaxH3ImageToVideo", display_name="MiniMax H3 Image to Video", category=_CATEGORY,
         python_module=_MODULE,
-        description="Text (and optional first / last frame) to video with audio: the prompt's conditioning and an "
-                    "empty joint latent.",
+        description="Starts a MiniMax H3 video with sound from a prompt, optionally pinned to a given opening "
+                    "and/or closing frame. Gives the encoded prompt and an empty latent of the chosen size.",
         execute=_image_to_video,
         inputs=[
             Input.link("clip", "CLIP"),
@@ -236,8 +256,8 @@ NODES = [
     NodeSpec(
         node_id="MiniMaxH3ReferenceToVideo", display_name="MiniMax H3 Reference to Video", category=_CATEGORY,
         python_module=_MODULE,
-        description="<Picture i> / <Video k> / <Audio j> reference conditioning for MiniMax H3. Use the same tags "
-                    "when prompting.",
+        description="Starts a MiniMax H3 video with sound that follows reference pictures, videos and sounds. "
+                    "Name them in the prompt as <Picture 1>, <Video 1>, <Audio 1> and so on, counted per kind.",
         execute=_reference_to_video,
         inputs=[
             Input.link("clip", "CLIP"),
@@ -245,28 +265,34 @@ NODES = [
             Input.link("audio_vae", "VAE"),
             Input.string("prompt", multiline=True, dynamic_prompts=True),
             _size("width"), _size("height"),
-            Input.int("length", 124, min=5, max=3600, step=17,
-                      tooltip="Frame count at 24 fps, (124 = ~5s, trained range is ~124-362)"),
+            Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP),
             Input.combo("ref_image_size", ["match", "max"], "match",
-                        tooltip="Reference image sizing. 'match' scales each reference (down only, keeping aspect) "
-                                "to the generation's pixel area; 'max' uses a 2048 px short edge (slower)."),
+                        tooltip="How reference pictures are sized for the model. match: shrunk, never enlarged, "
+                                "to about the output's pixel count, proportions kept. max: shrunk only past a "
+                                "2048-pixel short side; closer likeness, but every step takes longer."),
             Input.combo("ref_video_size", ["official", "match"], "official", optional=True,
-                        tooltip="Reference video sizing. 'official' keeps the 768 px short-edge recipe (up to "
-                                "1344x768); 'match' scales down to the generation's pixel area."),
+                        tooltip="How reference videos are sized for the model. official: as the released "
+                                "pipeline does, 768 pixels on the short side within 1344 x 768 pixels of area. "
+                                "match: shrunk to about the output's pixel count."),
             _grow("ref_images", "ref_image_", Input.link(
-                "ref_image", "IMAGE", tooltip="Reference image (downscaled, never upscaled)"), 9),
+                "ref_image", "IMAGE", tooltip="A picture the video should follow; large ones are shrunk, small "
+                                              "ones are not enlarged."), 9),
             _grow("ref_videos", "ref_video_", Input.link(
-                "ref_video", "IMAGE", tooltip="Reference video frames at 24 fps (2-15s)"), 3),
+                "ref_video", "IMAGE", tooltip="Frames of a video to follow, at 24 fps; 2 to 15 seconds suit "
+                                              "the model."), 3),
             _grow("ref_video_audios", "ref_video_audio_", Input.link(
-                "ref_video_audio", "AUDIO", tooltip="Soundtrack of the same-numbered reference video"), 3),
+                "ref_video_audio", "AUDIO", tooltip="The sound of the reference video in the slot with the "
+                                                    "same number."), 3),
             _grow("ref_audios", "ref_audio_", Input.link(
-                "ref_audio", "AUDIO", tooltip="Standalone reference audio"), 3),
+                "ref_audio", "AUDIO", tooltip="A sound to follow that belongs to no reference video."), 3),
         ],
         outputs=[Output("CONDITIONING", "positive"), Output("LATENT")],
     ),
     NodeSpec(
         node_id="MiniMaxH3SigmaShift", display_name="ModelSamplingMiniMaxH3", category="model/patch/minimax",
-        python_module=_MODULE, description="Set the video/audio flow shifts.",
+        python_module=_MODULE,
+        description="Sets how far the MiniMax H3 noise schedules lean toward high noise: one shift for the "
+                    "video and one for the sound.",
         execute=_sigma_shift,
         inputs=[
             Input.link("model", "MODEL"),
@@ -279,21 +305,21 @@ NODES = [
     NodeSpec(
         node_id="ResolutionSelector", display_name="Resolution Selector", category="utils",
         python_module="comfy_extras.nodes_resolution",
-        description="Calculate width and height from aspect ratio and megapixel target.",
+        description="Turns a frame shape and a pixel budget into a width and a height on a chosen step.",
         execute=_resolution_selector,
         inputs=[
             Input.combo("aspect_ratio", list(ASPECT_RATIOS), "1:1 (Square)",
-                        tooltip="The aspect ratio for the output dimensions."),
+                        tooltip="Shape of the frame, width to height."),
             Input.float("megapixels", 1.0, min=0.1, max=16.0, step=0.1,
-                        tooltip="Target total megapixels. 1.0 MP is about 1024x1024 for square."),
+                        tooltip="Pixel budget in millions of pixels; 1 megapixel here is 1024 x 1024."),
             # Optional: prompts saved by editors from before these two inputs existed still validate.
             Input.int("multiple", 8, min=8, max=128, step=4, optional=True,
-                      tooltip="Nearest multiple of the result to set the selected resolution to."),
+                      tooltip="Width and height are rounded to a multiple of this."),
             Input.int("minimum", 256, min=32, max=4096, step=32, optional=True,
-                      tooltip="Set minimum resolution for any side to be used"),
+                      tooltip="Smallest allowed side; below it the size grows, keeping the exact shape."),
         ],
-        outputs=[Output("INT", "width", tooltip="Calculated width in pixels."),
-                 Output("INT", "height", tooltip="Calculated height in pixels.")],
+        outputs=[Output("INT", "width", tooltip="Frame width in pixels."),
+                 Output("INT", "height", tooltip="Frame height in pixels.")],
         search_aliases=("aspect ratio", "dimensions", "resolution", "image size", "megapixels"),
     ),
 ]

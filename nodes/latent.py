@@ -27,8 +27,9 @@ FORMAT_MARKER = "latent_format_version_0"
 # LATENT key -> tensor name in the file.
 TENSOR_KEYS = {"samples": "latent_tensor", "audio_samples": "audio_latent_tensor", "noise_mask": "noise_mask",
                "audio_noise_mask": "audio_noise_mask"}
-LENGTH_TOOLTIP = ("Frame count at 24 fps, snapped up to the model's 17k+5 grid (124 = ~5s; trained range is "
-                  "~124-362, longer is untested)")
+LENGTH_TOOLTIP = ("Video frames at 24 fps, raised to the next count of the form 17k + 5 that the video "
+                  "encoder works in. 124 frames play for about 5 seconds; the model was trained on roughly "
+                  "124 to 362 frames.")
 
 
 # torch dtype -> safetensors dtype name, for the tensors a latent file holds.
