@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.quantized import FLOAT8_FORMATS, WeightFormat, is_power_of_4
+from kernels.quantized import WeightFormat, is_power_of_4
 
 MARKER_SUFFIX = ".comfy_quant"
 HEADER_KEY = "_quantization_metadata"
@@ -70,11 +70,6 @@ class QuantPlan:
     layers: dict[str, LayerQuant] = field(default_factory=dict)
     sources: dict[str, dict[str, str]] = field(default_factory=dict)
     marker_keys: set[str] = field(default_factory=set)  # file keys that only mark (read, never loaded)
-
-    def owner(self, key: str) -> str | None:
-        """The quantized layer whose tensor `key` (unprefixed) is, or None."""
-        layer, _, _leaf = key.rpartition(".")
-        return layer if layer in self.layers else None
 
 
 def marker_bytes(conf: dict) -> torch.Tensor:
@@ -190,7 +185,3 @@ def _legacy_float8(keys: list[str], prefix: str, read_tensor, confs: dict, renam
                 conf["full_precision_matrix_mult"] = True
             confs[layer] = conf
 
-
-def is_float8(quant: LayerQuant) -> bool:
-    """True for the float8 per-tensor formats."""
-    return quant.format in FLOAT8_FORMATS
