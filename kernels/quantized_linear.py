@@ -147,7 +147,8 @@ def quantized_linear_fp8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.T
     rows = h.reshape(-1, h.shape[-1])
     input_scale = (weight.input_scale.float().reshape(()) if weight.input_scale is not None
                    else torch.ones((), dtype=torch.float32, device=x.device))
-    codes = (rows.float() / input_scale).clamp_(-FLOAT8_E4M3_MAX, FLOAT8_E4M3_MAX).to(torch.float8_e4m3fn)
+    # torch._scaled_mm takes a row-major activation and a column-major weight (the stored rows, transposed).
+    codes = (rows.float() / input_scale).clamp_(-FLOAT8_E4M3_MAX, FLOAT8_E4M3_MAX).to(torch.float8_e4m3fn).contiguous()
     y = torch._scaled_mm(codes, weight.data.t(), scale_a=input_scale, scale_b=weight.scale.float().reshape(()),
                          out_dtype=torch.float32)
     out = y.reshape(*x.shape[:-1], weight.shape[0])
