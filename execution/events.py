@@ -1,8 +1,10 @@
 """The event stream: every event names its job; the websocket and the CLI are two subscribers."""
 from __future__ import annotations
 
+import io
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 EVENT_TYPES = (
@@ -41,6 +43,56 @@ class EventBus:
             raise ValueError(f"unknown event type {event!r}")
         for subscriber in self._subscribers:
             subscriber(event, data)
+
+
+PREVIEW_MAX_EDGE = 512  # previews are shrunk to this many pixels on their longer edge
+PREVIEW_FORMATS = ("JPEG", "PNG")
+
+
+@dataclass(frozen=True)
+class EncodedPreview:
+    """A preview image already encoded (a worker encodes previews before they cross to the server)."""
+
+    format: str  # JPEG | PNG
+    data: bytes
+
+
+def encode_preview(image: Any, *, max_edge: int = PREVIEW_MAX_EDGE) -> EncodedPreview | None:
+    """A preview (PIL image, an IMAGE tensor/array in 0..1, or ComfyUI's (format, image, size) tuple) encoded
+    as JPEG (or PNG when asked); None when it is not an image."""
+    if isinstance(image, EncodedPreview):
+        return image
+    from PIL import Image
+
+    fmt = "JPEG"
+    if isinstance(image, tuple) and len(image) >= 2:
+        fmt = str(image[0]).upper() if str(image[0]).upper() in PREVIEW_FORMATS else "JPEG"
+        if len(image) >= 3 and isinstance(image[2], int) and image[2] > 0:
+            max_edge = image[2]
+        image = image[1]
+    if not isinstance(image, Image.Image):
+        array = image
+        if hasattr(array, "detach"):
+            array = array.detach().float().cpu().numpy()
+        import numpy as np
+
+        array = np.asarray(array, dtype=np.float32)
+        while array.ndim > 3:  # (B, H, W, C): the first item of the batch
+            array = array[0]
+        if array.ndim == 2:
+            array = array[:, :, None]
+        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+            return None
+        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        image = Image.fromarray(array[:, :, 0] if array.shape[-1] == 1 else array)
+    if max(image.size) > max_edge:
+        image = image.copy()
+        image.thumbnail((max_edge, max_edge))
+    if fmt == "JPEG" and image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, quality=85)
+    return EncodedPreview(fmt, buffer.getvalue())
 
 
 def timestamp_ms() -> int:

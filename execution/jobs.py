@@ -20,13 +20,25 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 logger = logging.getLogger(__name__)
 
-TERMINAL = ("success", "error", "cancelled", "interrupted")
-ACTIVE = ("pending", "running")
+class JobState(StrEnum):
+    """A job's state in the store; the values are what the database and the wire hold."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+TERMINAL = (JobState.SUCCESS, JobState.ERROR, JobState.CANCELLED, JobState.INTERRUPTED)
+ACTIVE = (JobState.PENDING, JobState.RUNNING)
 MAX_ATTEMPTS = 2  # a job running at a crash is started at most this many times in all
 DEFAULT_HISTORY_CAP = 10_000  # terminal records kept; the oldest go first
 
@@ -79,7 +91,7 @@ class Job:
     seq: int
     id: str
     number: float
-    status: str
+    status: JobState
     attempts: int
     client_id: str | None
     prompt: dict
@@ -128,6 +140,7 @@ def _row_to_job(row: sqlite3.Row | tuple) -> Job:
     for name in _JSON_COLUMNS:
         if values[name] is not None:
             values[name] = json.loads(values[name])
+    values["status"] = JobState(values["status"])
     return Job(**values)
 
 
@@ -240,7 +253,7 @@ class JobStore:
                     self._group.notify_all()
         if pending.error is not None:
             raise pending.error
-        return Job(pending.seq, prompt_id, float(number), "pending", 0, client_id, prompt, extra,
+        return Job(pending.seq, prompt_id, float(number), JobState.PENDING, 0, client_id, prompt, extra,
                    list(outputs_to_execute or []), partial_targets, created)
 
     def _insert(self, batch: list["_PendingInsert"]) -> None:
@@ -306,26 +319,49 @@ class JobStore:
     def recover(self) -> dict[str, list[str]]:
         """After a crash: jobs left running go back to pending once, then are marked interrupted."""
         with self._lock:
-            rows = self._db.execute("SELECT id, attempts FROM jobs WHERE status='running'").fetchall()
-        retried, interrupted = [], []
-        for prompt_id, attempts in rows:
-            if attempts < MAX_ATTEMPTS:
-                if self._write("UPDATE jobs SET status='pending', start_time=NULL WHERE id=? AND status='running'",
-                               (prompt_id,)):
-                    retried.append(prompt_id)
-            else:
-                error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
-                         "exception_type": "ServerCrashed",
-                         "exception_message": f"the server stopped {attempts} times while this job was running; "
-                                              "it was not started again", "timestamp": now_ms()}
-                message = ["execution_interrupted", error]
-                if self._write("UPDATE jobs SET status='interrupted', end_time=?, outputs='{}', messages=?, meta='{}', "
-                               "error=? WHERE id=? AND status='running'",
-                               (now_ms(), _dumps([message]), _dumps(error), prompt_id)):
-                    interrupted.append(prompt_id)
-        if interrupted:
+            rows = self._db.execute("SELECT id FROM jobs WHERE status='running'").fetchall()
+        report: dict[str, list[str]] = {"retried": [], "interrupted": []}
+        for (prompt_id,) in rows:
+            outcome = self.release_crashed(prompt_id, prune=False)
+            if outcome is not None:
+                report[outcome].append(prompt_id)
+        if report["interrupted"]:
             self._prune()
-        return {"retried": retried, "interrupted": interrupted}
+        return report
+
+    def release_crashed(self, prompt_id: str, *, prune: bool = True, cause: str = "the server stopped") -> str | None:
+        """A running job whose process died: back to pending if it has attempts left ("retried"), else
+        its `interrupted` record ("interrupted"); None when it was not running."""
+        with self._lock:
+            row = self._db.execute("SELECT attempts FROM jobs WHERE id=? AND status='running'", (prompt_id,)).fetchone()
+        if row is None:
+            return None
+        attempts = row[0]
+        if attempts < MAX_ATTEMPTS:
+            if self._write("UPDATE jobs SET status='pending', start_time=NULL WHERE id=? AND status='running'",
+                           (prompt_id,)):
+                return "retried"
+            return None
+        error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
+                 "exception_type": "ServerCrashed",
+                 "exception_message": f"{cause} {attempts} times while this job was running; "
+                                      "it was not started again", "timestamp": now_ms()}
+        message = ["execution_interrupted", error]
+        if self._write("UPDATE jobs SET status='interrupted', end_time=?, outputs='{}', messages=?, meta='{}', "
+                       "error=? WHERE id=? AND status='running'",
+                       (now_ms(), _dumps([message]), _dumps(error), prompt_id)):
+            if prune:
+                self._prune()
+            return "interrupted"
+        return None
+
+    def recent_terminal_ids(self, limit: int = 8) -> list[str]:
+        """Ids of the jobs that got their terminal record last (newest first)."""
+        terminal = ", ".join(f"'{s}'" for s in TERMINAL)
+        with self._lock:
+            rows = self._db.execute(f"SELECT id FROM jobs WHERE status IN ({terminal}) "
+                                    "ORDER BY end_time DESC, seq DESC LIMIT ?", (limit,)).fetchall()
+        return [r[0] for r in rows]
 
     # ------------------------------------------------------------------ cancelling and deleting
     def cancel_pending(self, prompt_ids: Iterable[str] | None = None) -> list[str]:
@@ -434,10 +470,10 @@ def workflow_id_of(job: Job) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------- the worker
+# ---------------------------------------------------------------------- the runner
 @dataclass
 class RunningJob:
-    """The job the worker is running now."""
+    """The job the runner is running now."""
 
     job: Job
     control: Any
@@ -446,23 +482,34 @@ class RunningJob:
 
 @dataclass
 class JobHooks:
-    """How the worker reaches the engine and tells the server what changed (all called on the worker thread)."""
+    """How the runner reaches the engine and tells the server what changed (all called on the runner thread)."""
 
     validate: Callable[[dict, list[str] | None], Any]  # (prompt, partial targets) -> validated prompt
     run: Callable[..., Any]  # Executor.run(validated, prompt_id=, extra_data=, control=) -> JobResult
     make_control: Callable[[], Any]  # a fresh JobControl
     on_start: Callable[[Job], None] = lambda job: None
-    # After the terminal record is written (status "requeued": a shutdown put the job back in the queue).
+    # After the terminal record is written (status "requeued": the job went back to the queue).
     on_finish: Callable[[Job, str], None] = lambda job, status: None
     on_queue_change: Callable[[], None] = lambda: None
+    emit: Callable[[str, dict], None] = lambda event, data: None  # the event stream, for records the runner writes
+    free: Callable[[bool], None] | None = None  # in-process: clear caches (unload models when True)
 
 
 class JobRunner:
-    """Runs queued jobs one at a time on a worker thread; every job ends in its one terminal record."""
+    """Runs queued jobs one at a time on its thread, each through a Worker; every job ends in its one
+    terminal record. Without a worker given, jobs run in this process through the hooks' functions.
 
-    def __init__(self, store: JobStore, hooks: JobHooks) -> None:
+    A job's outputs are staged under its token and given their final names after its record is
+    written (`execution.paths`); after a process died, `settle_staged` finishes or removes them."""
+
+    def __init__(self, store: JobStore, hooks: JobHooks, *, worker: Any = None,
+                 output_folders: tuple[Path, ...] = ()) -> None:
+        from execution.worker import InProcessWorker
+
         self.store = store
         self.hooks = hooks
+        self.worker = worker or InProcessWorker(hooks.validate, hooks.run, free=hooks.free)
+        self.output_folders = tuple(output_folders)
         self.current: RunningJob | None = None
         self._validated: dict[str, Any] = {}  # prompt id -> validated prompt, for jobs accepted by this process
         self._wake = threading.Condition()
@@ -474,12 +521,13 @@ class JobRunner:
 
     # ------------------------------------------------------------------ control
     def start(self) -> dict[str, list[str]]:
-        """Recover what a crash left running, then start the worker thread."""
+        """Recover what a crash left running, settle its outputs, then start the runner thread."""
         report = self.store.recover()
         if report["retried"] or report["interrupted"]:
             logger.warning("after a restart: %d job(s) retried, %d marked interrupted",
                            len(report["retried"]), len(report["interrupted"]))
-        self._thread = threading.Thread(target=self._loop, name="weft-job-worker", daemon=True)
+        self._settle_outputs()
+        self._thread = threading.Thread(target=self._loop, name="weft-job-runner", daemon=True)
         self._thread.start()
         return report
 
@@ -494,15 +542,16 @@ class JobRunner:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.worker.stop(timeout=5.0)
 
     def submitted(self, prompt_id: str, validated: Any) -> None:
-        """A job was accepted by this process: keep its validated prompt and wake the worker."""
+        """A job was accepted by this process: keep its validated prompt and wake the runner."""
         with self._wake:
             self._validated[prompt_id] = validated
             self._wake.notify_all()
 
     def wake(self) -> None:
-        """Wake the worker to look at the queue."""
+        """Wake the runner to look at the queue."""
         with self._wake:
             self._wake.notify_all()
 
@@ -528,13 +577,21 @@ class JobRunner:
         return cancelled
 
     def between_jobs(self, action: Callable[[], None]) -> None:
-        """Run `action` on the worker thread when no job runs (freeing memory, clearing caches)."""
+        """Run `action` on the runner thread when no job runs (freeing memory, clearing caches)."""
         with self._wake:
             self._between_jobs.append(action)
             self._wake.notify_all()
 
+    def free(self, *, unload_models: bool) -> None:
+        """Between jobs: clear the worker's output cache (and unload its models when asked)."""
+        self.between_jobs(lambda: self.worker.free(unload_models))
+
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
+        try:
+            self.worker.start()
+        except Exception:  # a worker that cannot start fails its jobs one by one, with the reason
+            logger.exception("the job worker did not start")
         while True:
             with self._wake:
                 actions, self._between_jobs = self._between_jobs, []
@@ -557,9 +614,30 @@ class JobRunner:
             try:
                 self._run(job)
             except Exception:  # the store itself failed: log it and keep serving
-                logger.exception("job %s: the worker failed", job.id)
+                logger.exception("job %s: the runner failed", job.id)
+
+    def _settle_outputs(self) -> None:
+        """Finish or remove outputs a dead process left under staging names."""
+        if not self.output_folders:
+            return
+        from execution.paths import settle_staged, staging_token
+
+        committed = {staging_token(i) for i in self.store.recent_terminal_ids()}
+        report = settle_staged(self.output_folders, committed)
+        if report["committed"] or report["removed"]:
+            logger.info("outputs left by a stopped job: %d given their names, %d removed",
+                        report["committed"], report["removed"])
+
+    def _announce_interrupted(self, job: Job) -> None:
+        record = self.store.get(job.id)
+        error = dict((record.error if record else None) or {}, prompt_id=job.id)
+        self.hooks.emit("execution_interrupted", error)
+        self.hooks.emit("executing", {"node": None, "display_node": None, "prompt_id": job.id})
 
     def _run(self, job: Job) -> None:
+        from execution.paths import commit_staged, staging_token
+        from execution.worker import JobRequest, WorkerDied, WorkerStartFailed, failure_outcome
+
         control = self.hooks.make_control()
         running = RunningJob(job, control)
         with self._wake:
@@ -569,28 +647,43 @@ class JobRunner:
                 control.interrupt()
         self.hooks.on_start(job)
         self.hooks.on_queue_change()
-        status, outputs, messages, meta, error = "error", {}, [], {}, None
+        request = JobRequest(job.id, job.prompt, job.partial_targets, job.extra_data,
+                             staging_token(job.id) if self.output_folders else None)
         try:
-            validated = self._validated.pop(job.id, None)
-            if validated is None:
-                validated = self.hooks.validate(job.prompt, job.partial_targets)
-            result = self.hooks.run(validated, prompt_id=job.id, extra_data=job.extra_data, control=control)
-            outputs, messages, meta, error = result.outputs, result.messages, result.meta, result.error
-            status = {"success": "success", "interrupted": "cancelled"}.get(result.status, "error")
-        except Exception as exc:  # validation at run time (a restart with other nodes) or an engine fault
-            payload = getattr(exc, "to_json", None)
-            error = {"prompt_id": job.id, "node_id": None, "node_type": None, "executed": [],
-                     "exception_message": str(exc), "exception_type": type(exc).__name__, "traceback": [],
-                     "current_inputs": {}, "current_outputs": {}, "timestamp": now_ms()}
-            if callable(payload):
-                error["details"] = payload()
-            messages = [["execution_error", error]]
+            outcome = self.worker.run(request, control, validated=self._validated.pop(job.id, None))
+        except WorkerDied as exc:  # the crash rule: started again once, then interrupted
+            with self._wake:
+                self.current = None
+            logger.warning("job %s: %s", job.id, exc)
+            self._settle_outputs()
+            released = self.store.release_crashed(job.id, cause="its worker process died")
+            if released == "interrupted":
+                self._announce_interrupted(job)
+            self.hooks.on_finish(job, "requeued" if released == "retried" else JobState.INTERRUPTED)
+            self.hooks.on_queue_change()
+            return
+        except WorkerStartFailed as exc:
+            outcome = failure_outcome(job.id, exc)
         with self._wake:
             self.current = None
-        if running.stop_for_shutdown and status == "cancelled" and self.store.requeue(job.id):
+        if outcome.killed:
+            self._settle_outputs()  # the killed attempt's files go
+        if running.stop_for_shutdown and outcome.status == "interrupted" and self.store.requeue(job.id):
+            for staged, _ in outcome.staged:  # it runs again from the start
+                Path(staged).unlink(missing_ok=True)
             self.hooks.on_finish(job, "requeued")
             return
-        self.store.finish(job.id, status, outputs=outputs, messages=[list(m) for m in messages], meta=meta,
-                          error=error)
+        if outcome.killed:
+            status = JobState.INTERRUPTED
+        else:
+            status = {"success": JobState.SUCCESS, "interrupted": JobState.CANCELLED}.get(outcome.status,
+                                                                                          JobState.ERROR)
+        recorded = self.store.finish(job.id, status, outputs=outcome.outputs,
+                                     messages=[list(m) for m in outcome.messages], meta=outcome.meta,
+                                     error=outcome.error)
+        if recorded:
+            commit_staged(outcome.staged)
+        if outcome.killed:
+            self._announce_interrupted(job)
         self.hooks.on_finish(job, status)
         self.hooks.on_queue_change()

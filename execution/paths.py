@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,66 +178,94 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-STAGING_PREFIX = ".weft-staged-"  # an unfinished job attempt's output: `.weft-staged-<final name>`
+STAGING_PREFIX = ".weft-staged-"  # an unfinished attempt's output: `.weft-staged-<token>-<final name>`
+TOKEN_LENGTH = 16
+
+
+def staging_token(prompt_id: str) -> str:
+    """The fixed-length token a job's staged file names carry (any prompt id fits in a file name this way)."""
+    return hashlib.sha1(str(prompt_id).encode("utf-8", "surrogatepass")).hexdigest()[:TOKEN_LENGTH]
+
+
+def _staged_parts(name: str) -> tuple[str, str] | None:
+    """(token, final name) of a staging file name, or None."""
+    if not name.startswith(STAGING_PREFIX):
+        return None
+    rest = name[len(STAGING_PREFIX):]
+    if len(rest) <= TOKEN_LENGTH + 1 or rest[TOKEN_LENGTH] != "-":
+        return None
+    return rest[:TOKEN_LENGTH], rest[TOKEN_LENGTH + 1:]
 
 
 class OutputStaging:
-    """The files one job attempt writes, kept under staging names until the attempt ends.
+    """The files one job attempt writes, kept under staging names until its record is written.
 
-    A job cut short (its process killed) leaves only staging names behind, which `sweep_staged`
-    removes before the retry; so a retried job's outputs exist once, under its final names."""
+    The job's record is written first, then `commit_staged` gives the files their final names. A
+    process killed in between leaves staging names only: `settle_staged` finishes the rename for a job
+    that has its record and removes the files of an attempt that has none (it will run again), so a
+    retried job's outputs exist once, under their final names."""
 
-    def __init__(self) -> None:
-        self.files: list[tuple[Path, Path]] = []  # (staging path, final path)
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.files: list[tuple[str, str]] = []  # (staging path, final path)
 
     def stage(self, final: Path) -> Path:
         """The path to write instead of `final` during the attempt."""
-        staged = final.with_name(STAGING_PREFIX + final.name)
-        self.files.append((staged, final))
+        staged = final.with_name(f"{STAGING_PREFIX}{self.token}-{final.name}")
+        self.files.append((str(staged), str(final)))
         return staged
-
-    def commit(self) -> None:
-        """Give every file written under a staging name its final name."""
-        for staged, final in self.files:
-            if staged.exists():
-                os.replace(staged, final)
-        self.files.clear()
-
-    def discard(self) -> None:
-        """Remove the attempt's files (it will run again)."""
-        for staged, _ in self.files:
-            staged.unlink(missing_ok=True)
-        self.files.clear()
 
 
 _staging: list[OutputStaging] = []  # the attempt running in this process (jobs run one at a time)
 
 
-def begin_staging() -> OutputStaging:
+def begin_staging(token: str) -> OutputStaging:
     """Stage the outputs `next_output_name` hands out from now until `end_staging`."""
-    staging = OutputStaging()
+    staging = OutputStaging(token)
     _staging[:] = [staging]
     return staging
 
 
-def end_staging(*, commit: bool) -> None:
-    """Commit (or discard) the current attempt's staged outputs and stop staging."""
-    if _staging:
-        staging = _staging.pop()
-        staging.commit() if commit else staging.discard()
+def end_staging() -> list[tuple[str, str]]:
+    """Stop staging; the (staging path, final path) pairs the attempt wrote."""
+    if not _staging:
+        return []
+    staging = _staging.pop()
+    return [(staged, final) for staged, final in staging.files if os.path.exists(staged)]
 
 
-def sweep_staged(*folders: Path) -> int:
-    """Remove outputs of attempts that never ended (a killed process left them); returns how many."""
-    removed = 0
+def commit_staged(files: list[tuple[str, str]] | list[list[str]]) -> None:
+    """Give staged files their final names (after the job's record is written)."""
+    for staged, final in files:
+        if os.path.exists(staged):
+            os.replace(staged, final)
+
+
+def settle_staged(folders: list[Path] | tuple[Path, ...], committed_tokens: set[str]) -> dict[str, int]:
+    """After a process died: finish the rename of staged files whose job has its record (token in
+    `committed_tokens`), remove every other staged file. Returns {"committed": n, "removed": m}."""
+    report = {"committed": 0, "removed": 0}
     for folder in folders:
         if not Path(folder).is_dir():
             continue
         for path in Path(folder).rglob(STAGING_PREFIX + "*"):
-            if path.is_file():
+            parts = _staged_parts(path.name)
+            if not path.is_file():
+                continue
+            if parts is not None and parts[0] in committed_tokens:
+                os.replace(path, path.with_name(parts[1]))
+                report["committed"] += 1
+            else:
                 path.unlink(missing_ok=True)
-                removed += 1
-    return removed
+                report["removed"] += 1
+    return report
+
+
+def find_staged(final: Path) -> Path | None:
+    """The staged file that will become `final` (a running job's output), or None."""
+    pattern = glob.escape(STAGING_PREFIX) + "?" * TOKEN_LENGTH + "-" + glob.escape(final.name)
+    found = sorted(final.parent.glob(pattern), key=lambda p: p.stat().st_mtime) if final.parent.is_dir() else []
+    return found[-1] if found else None
 
 
 def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, str, str]:
@@ -253,8 +282,10 @@ def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, s
     highest = 0
     # Escaped: a prefix such as "shot[1]" must not act as a pattern (it would restart at 1 and overwrite).
     pattern = f"{glob.escape(stem)}_*_.{extension}"
-    for existing in [*target_dir.glob(pattern), *target_dir.glob(glob.escape(STAGING_PREFIX) + pattern)]:
-        name = existing.name[len(STAGING_PREFIX):] if existing.name.startswith(STAGING_PREFIX) else existing.name
+    staged_pattern = glob.escape(STAGING_PREFIX) + "?" * TOKEN_LENGTH + "-" + pattern
+    for existing in [*target_dir.glob(pattern), *target_dir.glob(staged_pattern)]:
+        parts = _staged_parts(existing.name)
+        name = parts[1] if parts else existing.name
         middle = name[len(stem) + 1:-(len(extension) + 2)]
         if middle.isdigit():
             highest = max(highest, int(middle))

@@ -27,5 +27,11 @@ def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]
                         help="comma-separated host names the server may be reached by, beside loopback")
     parser.add_argument("--history-size", type=int, default=10_000, metavar="N",
                         help="finished jobs kept in the history (default 10000)")
+    parser.add_argument("--interrupt-grace", type=float, default=10.0, metavar="SECONDS",
+                        help="after an interrupt, how long a running node may take to stop before its worker "
+                             "process is killed and restarted (default 10)")
+    parser.add_argument("--in-process-jobs", action="store_true",
+                        help="run jobs on a thread of the server's process instead of a worker process (one "
+                             "process to debug; a node that never yields then stalls the server)")
     add_common_arguments(parser)
     return parser

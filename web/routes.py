@@ -229,16 +229,8 @@ async def post_free(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         return json_error(400, "expected {unload_models: bool, free_memory: bool}")
     unload, free = bool(body.get("unload_models")), bool(body.get("free_memory"))
-    runtime = state.runtime
-
-    def action() -> None:  # on the worker thread, between jobs: the cache and the models are not in use
-        if unload or free:
-            runtime.executor.cache.clear()
-        if unload and callable(getattr(runtime, "unload_models", None)):
-            runtime.unload_models()
-
-    if unload or free:
-        state.runner.between_jobs(action)
+    if unload or free:  # done by the worker between jobs: the cache and the models are not in use then
+        state.runner.free(unload_models=unload)
     return web.json_response({"unload_models": unload, "free_memory": free})
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from execution.worker import RuntimeRecipe
 from web import files, routes
 from web.flags import build_parser  # noqa: F401 (the server's flags, torch- and aiohttp-free)
 from web.security import SecurityConfig, is_loopback_host, security_middleware
@@ -185,8 +186,11 @@ def config_from_args(args: argparse.Namespace, *, announce: Callable[[str], None
     """The server configuration the parsed flags ask for."""
     if args.front_end_root is not None and not (Path(args.front_end_root) / "index.html").is_file():
         raise SystemExit(f"--front-end-root {args.front_end_root}: no index.html in that folder")
+    if args.interrupt_grace <= 0:
+        raise SystemExit("--interrupt-grace must be a positive number of seconds")
     return ServerConfig(host=args.listen, port=args.port, security=security_from_args(args, announce=announce),
-                        front_end_root=args.front_end_root, history_cap=args.history_size)
+                        front_end_root=args.front_end_root, history_cap=args.history_size,
+                        interrupt_grace_s=args.interrupt_grace)
 
 
 async def _serve(runtime: Any, config: ServerConfig) -> None:
@@ -225,6 +229,8 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error("--max-upload-size must be positive")
     config = config_from_args(args)
     runtime = runtime_factory(args)
+    if not args.in_process_jobs:  # the worker process builds its own runtime the same way
+        config.worker_recipe = RuntimeRecipe(runtime_factory, args)
     try:
         asyncio.run(_serve(runtime, config))
     except OSError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from execution.jobs import JobHooks, JobRunner, JobStore
+from execution.worker import LocalProcessTransport, RemoteWorker
 from web.security import SecurityConfig
 from web.websocket import EventBridge, Hub
 
@@ -32,6 +33,10 @@ class ServerConfig:
     history_cap: int = 10_000  # finished jobs kept in the history
     max_pixels: int = 64_000_000  # uploaded / decoded images: total pixels
     max_edge: int = 16_384  # uploaded / decoded images: pixels on either edge
+    # How the job worker process builds its runtime (execution.worker.RuntimeRecipe). None: jobs run on
+    # a thread of the server's own process (a node that never yields then stalls the server).
+    worker_recipe: Any = None
+    interrupt_grace_s: float = 10.0  # after an interrupt, a node gets this long before its worker is killed
 
 
 def default_front_end_root() -> Path | None:
@@ -64,10 +69,16 @@ class ServerState:
         self._job_clients: dict[str, str | None] = {}
         self._status_scheduled = False
         self._lock = threading.Lock()
+        worker = None
+        if config.worker_recipe is not None:
+            recipe = config.worker_recipe
+            worker = RemoteWorker(lambda: LocalProcessTransport(recipe), runtime.events,
+                                  grace_s=config.interrupt_grace_s)
         self.runner = JobRunner(self.store, JobHooks(
             validate=lambda prompt, targets: runtime.validate(prompt, partial_targets=targets),
             run=runtime.executor.run, make_control=JobControl, on_start=self._on_start,
-            on_finish=self._on_finish, on_queue_change=self.queue_changed))
+            on_finish=self._on_finish, on_queue_change=self.queue_changed, emit=runtime.events.emit,
+            free=self._free_in_process), worker=worker, output_folders=(Path(self.paths.output), Path(self.paths.temp)))
         for report in getattr(runtime, "plugin_reports", None) or ():
             web_dir = getattr(report, "web_directory", None)
             if getattr(report, "status", "") == "loaded" and web_dir:
@@ -80,6 +91,12 @@ class ServerState:
             if not name or "/" in name or name in ("weft", "core") or name.startswith("."):
                 raise ValueError(f"plugin web folder name {name!r} cannot be served under /extensions/")
             self.plugin_web_dirs[name] = Path(folder).resolve()
+
+    def _free_in_process(self, unload_models: bool) -> None:
+        """Jobs running in this process: clear the output cache (and unload models)."""
+        self.runtime.executor.cache.clear()
+        if unload_models and callable(getattr(self.runtime, "unload_models", None)):
+            self.runtime.unload_models()
 
     # ------------------------------------------------------------------ queue status
     def queue_status(self) -> dict:

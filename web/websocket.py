@@ -14,7 +14,6 @@ queued at once for a client that is reading (a large batch of events) is deliver
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import struct
@@ -26,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aiohttp import WSMsgType, web
+
+from execution.events import PREVIEW_MAX_EDGE, encode_preview
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ PREVIEW_BACKLOG = 8  # a new preview is dropped when this many frames already wa
 SEND_TIMEOUT_S = 30.0  # a single send blocked this long means the client stopped reading
 STALL_S = 5.0  # over the bound and no frame sent for this long: the client stopped reading
 HARD_LIMIT_FACTOR = 8  # over this many times the bound, a client is dropped even while it reads
-PREVIEW_MAX_EDGE = 512  # previews are shrunk to this many pixels on their longer edge
 TERMINAL_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
@@ -233,38 +233,10 @@ class Hub:
 
 # ---------------------------------------------------------------------- encoding (worker thread)
 def encode_preview_image(image: Any, *, max_edge: int = PREVIEW_MAX_EDGE) -> tuple[str, bytes] | None:
-    """A preview (PIL image, an IMAGE tensor/array in 0..1, or ComfyUI's (format, image, size) tuple) as JPEG."""
-    from PIL import Image
-
-    fmt = "JPEG"
-    if isinstance(image, tuple) and len(image) >= 2:
-        fmt = str(image[0]).upper() if str(image[0]).upper() in IMAGE_FORMATS else "JPEG"
-        if len(image) >= 3 and isinstance(image[2], int) and image[2] > 0:
-            max_edge = image[2]
-        image = image[1]
-    if not isinstance(image, Image.Image):
-        array = image
-        if hasattr(array, "detach"):
-            array = array.detach().float().cpu().numpy()
-        import numpy as np
-
-        array = np.asarray(array, dtype=np.float32)
-        while array.ndim > 3:  # (B, H, W, C): the first item of the batch
-            array = array[0]
-        if array.ndim == 2:
-            array = array[:, :, None]
-        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
-            return None
-        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-        image = Image.fromarray(array[:, :, 0] if array.shape[-1] == 1 else array)
-    if max(image.size) > max_edge:
-        image = image.copy()
-        image.thumbnail((max_edge, max_edge))
-    if fmt == "JPEG" and image.mode not in ("RGB", "L"):
-        image = image.convert("RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, quality=85)
-    return fmt, buffer.getvalue()
+    """A preview (PIL image, IMAGE tensor/array, ComfyUI's (format, image, size) tuple, or one a worker
+    already encoded) as (format, bytes)."""
+    encoded = encode_preview(image, max_edge=max_edge)
+    return None if encoded is None else (encoded.format, encoded.data)
 
 
 def preview_frames(data: dict) -> tuple[bytes, bytes] | None:

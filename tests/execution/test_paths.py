@@ -54,23 +54,28 @@ def test_names_with_control_characters_are_refused(tmp_path, name):
 
 
 def test_staged_outputs_are_numbered_with_the_others_and_appear_only_when_committed(tmp_path):
-    from execution.paths import STAGING_PREFIX, begin_staging, end_staging, sweep_staged
+    from execution.paths import (STAGING_PREFIX, begin_staging, commit_staged, end_staging, find_staged,
+                                 settle_staged, staging_token)
 
     (tmp_path / "shot_00001_.png").write_bytes(b"old")
-    begin_staging()
+    token = staging_token("job-1")
+    begin_staging(token)
     path, name, _ = next_output_name(tmp_path, "shot", "png")
-    assert name == "shot_00002_.png" and path.name == STAGING_PREFIX + name
+    assert name == "shot_00002_.png" and path.name == f"{STAGING_PREFIX}{token}-{name}"
     path.write_bytes(b"new")
     second, name2, _ = next_output_name(tmp_path, "shot", "png")  # counts the staged file
     assert name2 == "shot_00003_.png"
     second.write_bytes(b"new")
-    assert not (tmp_path / name).exists()
-    end_staging(commit=True)
+    assert not (tmp_path / name).exists() and find_staged(tmp_path / name) == path
+    commit_staged(end_staging())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shot_00001_.png", "shot_00002_.png", "shot_00003_.png"]
-    # An attempt cut short leaves staging names only; the sweep removes them and the numbering goes on.
-    begin_staging()
-    left, _, _ = next_output_name(tmp_path, "shot", "png")
-    left.write_bytes(b"half")
-    assert sweep_staged(tmp_path) == 1
-    end_staging(commit=True)
-    assert next_output_name(tmp_path, "shot", "png")[1] == "shot_00004_.png"
+    # Killed before its record: the attempt's files go. Killed after its record: the rename is finished.
+    begin_staging(staging_token("cut-short"))
+    next_output_name(tmp_path, "shot", "png")[0].write_bytes(b"half")
+    end_staging()
+    begin_staging(staging_token("recorded"))
+    next_output_name(tmp_path, "shot", "png")[0].write_bytes(b"done")
+    end_staging()
+    assert settle_staged([tmp_path], {staging_token("recorded")}) == {"committed": 1, "removed": 1}
+    assert (tmp_path / "shot_00005_.png").read_bytes() == b"done" and not (tmp_path / "shot_00004_.png").exists()
+    assert next_output_name(tmp_path, "shot", "png")[1] == "shot_00006_.png"

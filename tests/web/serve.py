@@ -64,17 +64,68 @@ class WebTestRecordRun:
     def run(self, value, seconds):
         import time
 
+        from execution.paths import atomic_write_bytes, next_output_name
+
         ctx = current()
         with open(ctx.paths.output / "runs.log", "a") as log:
             log.write(ctx.prompt_id + "\n")
+        # One output file per run, numbered as SaveImage numbers its files: a retried job must not leave two.
+        path, name, subfolder = next_output_name(ctx.paths.output, "runs/run", "txt")
+        atomic_write_bytes(path, ctx.prompt_id.encode())
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.005)
             ctx.check_interrupted()
-        return {"ui": {"values": [value]}, "result": (value,)}
+        return {"ui": {"values": [value], "files": [{"filename": name, "subfolder": subfolder, "type": "output"}]},
+                "result": (value,)}
 
 
-WEB_NODES = {"WebTestPreviews": WebTestPreviews, "WebTestRecordRun": WebTestRecordRun}
+class WebTestRunaway:
+    """Computes a huge power in one C call that never reaches a check point (a node that cannot be
+    interrupted cooperatively), after writing a file under the run's staging name."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"digits": ("INT", {"default": 30_000_000, "min": 1})}}
+
+    RETURN_TYPES = ("INT",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, digits):
+        from execution.paths import atomic_write_bytes, next_output_name
+
+        ctx = current()
+        path, _, _ = next_output_name(ctx.paths.output, "runaway/partial", "txt")
+        atomic_write_bytes(path, b"written before the runaway step")
+        value = 7 ** digits  # one long C call: holds its process for much longer than any test waits
+        return {"ui": {"values": [value & 1]}, "result": (value & 1,)}
+
+
+class WebTestCrash:
+    """Ends its process at once (a node that crashes the interpreter), after noting the attempt."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"code": ("INT", {"default": 3, "min": 1, "max": 255})}}
+
+    RETURN_TYPES = ("INT",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, code):
+        import os
+
+        ctx = current()
+        with open(ctx.paths.output / "crashes.log", "a") as log:
+            log.write(ctx.prompt_id + "\n")
+        os._exit(code)
+
+
+WEB_NODES = {"WebTestPreviews": WebTestPreviews, "WebTestRecordRun": WebTestRecordRun,
+             "WebTestRunaway": WebTestRunaway, "WebTestCrash": WebTestCrash}
 
 
 def add_test_nodes(registry) -> None:
@@ -146,8 +197,13 @@ class ServerThread:
 
         self.args = parse_args(["--base-directory", str(base), "--port", "0", "--cache-none", *extra_args],
                                light=light)
-        self.runtime = LightRuntime(self.args) if light else full_runtime(self.args)
+        factory = LightRuntime if light else full_runtime
+        self.runtime = factory(self.args)
         self.config = config_from_args(self.args, announce=lambda text: None)
+        if not self.args.in_process_jobs:  # as `python main.py` does: jobs run in a worker process
+            from execution.worker import RuntimeRecipe
+
+            self.config.worker_recipe = RuntimeRecipe(factory, self.args)
         if config_changes:
             config_changes(self.config)
         self.loop = asyncio.new_event_loop()

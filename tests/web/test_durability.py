@@ -1,4 +1,5 @@
-"""Durable jobs: a server killed with SIGKILL at random moments loses no accepted job and ends each in one record."""
+"""Durable jobs: a server killed with SIGKILL at random moments loses no accepted job, ends each in one
+record, and leaves each job's output file exactly once."""
 from __future__ import annotations
 
 import json
@@ -124,10 +125,12 @@ def test_sigkill_at_random_moments_loses_no_accepted_job(tmp_path):
             assert time.monotonic() < deadline, "the queue never drained"
             time.sleep(0.1)
         assert len(accepted) == JOBS == len(set(accepted))
+        listed: dict[str, list[str]] = {}
         for prompt_id in accepted:
             with urllib.request.urlopen(f"{server.url}/history/{prompt_id}", timeout=10) as response:
                 record = json.loads(response.read())[prompt_id]
             assert record["status"]["status_str"] in ("success", "error")
+            listed[prompt_id] = [f"{f['subfolder']}/{f['filename']}" for f in record["outputs"].get("1", {}).get("files", [])]
     finally:
         server.stop()
     database = sqlite3.connect(tmp_path / "user" / "jobs.sqlite3")
@@ -144,3 +147,14 @@ def test_sigkill_at_random_moments_loses_no_accepted_job(tmp_path):
         if statuses[prompt_id] == "success":
             assert runs[prompt_id] >= 1
     assert sum(1 for p in accepted if statuses[p] == "success") >= JOBS - KILLS
+    # Every job's output exists exactly once: a retried job left nothing of its cut-short attempt.
+    output = tmp_path / "output"
+    files = sorted(p.relative_to(output).as_posix() for p in (output / "runs").rglob("*") if p.is_file())
+    owners = Counter((output / f).read_text() for f in files)
+    for prompt_id in accepted:
+        if statuses[prompt_id] == "success":
+            assert len(listed[prompt_id]) == 1 and owners[prompt_id] == 1, (prompt_id, owners[prompt_id])
+            assert (output / listed[prompt_id][0]).read_text() == prompt_id
+        else:
+            assert listed[prompt_id] == [] and owners[prompt_id] == 0
+    assert len(files) == sum(1 for p in accepted if statuses[p] == "success")

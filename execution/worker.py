@@ -1,0 +1,459 @@
+"""Where jobs run: one worker interface, and transports that reach a worker's runtime.
+
+The HTTP server never runs node code. The job runner (`execution/jobs.py`) hands each job to a
+`Worker`, which holds (or reaches) a runtime: the node registry, the executor, its output cache and
+the model cache. Two workers exist:
+
+    InProcessWorker   runs the job on the calling thread (headless `main.py run` and embedders that
+                      give no runtime recipe);
+    RemoteWorker      sends the job over a `Transport` to a runtime elsewhere and relays its events.
+
+A transport carries picklable messages both ways and can kill what it reaches:
+
+    server -> worker   ("run", JobRequest) | ("interrupt", prompt_id) | ("free", unload_models) | ("stop",)
+    worker -> server   ("ready",) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
+
+`LocalProcessTransport` runs `serve_worker` in a child process over a pipe; a Ray actor transport
+(the scale-out issue) implements the same five methods. Interruption is cooperative first: the
+worker's executor stops at its next check point. A node that does not reach one within the grace
+period gets its worker killed and restarted, and its job ends `interrupted`. A worker that dies on
+its own raises `WorkerDied`, and the runner applies the crash rule (retry once, then interrupted).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from execution.events import EventBus, encode_preview, timestamp_ms
+from execution.paths import begin_staging, end_staging, scrub_base
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INTERRUPT_GRACE_S = 10.0  # a node gets this long to reach a check point after an interrupt
+POLL_S = 0.05  # how often the runner looks at its job's interrupt flag while it waits for the worker
+
+
+class WorkerDied(RuntimeError):
+    """The worker's process (or actor) ended while it held a job."""
+
+
+class WorkerStartFailed(RuntimeError):
+    """The worker could not build its runtime (a broken plugin, a missing package)."""
+
+
+@dataclass
+class JobRequest:
+    """What a worker needs to run one job (picklable: it crosses to the worker)."""
+
+    prompt_id: str
+    prompt: dict
+    partial_targets: list[str] | None = None
+    extra_data: dict = field(default_factory=dict)
+    staging_token: str | None = None  # None: outputs are written under their final names at once
+
+
+@dataclass
+class JobOutcome:
+    """How one attempt of a job ended (picklable: it crosses back from the worker)."""
+
+    status: str  # success | error | interrupted
+    outputs: dict = field(default_factory=dict)
+    messages: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    error: dict | None = None
+    staged: list = field(default_factory=list)  # (staging path, final path) of the files it wrote
+    killed: bool = False  # the worker was killed after the grace period: the node never stopped
+
+
+@dataclass
+class RuntimeRecipe:
+    """How a worker builds its own runtime: `factory(args)` (both picklable, e.g. main.Runtime and its
+    parsed flags). The server keeps its own runtime for validation and /object_info only."""
+
+    factory: Callable[[Any], Any]
+    args: Any
+
+    def build(self) -> Any:
+        """The runtime (registry, executor, caches, paths, events)."""
+        return self.factory(self.args)
+
+
+def failure_outcome(prompt_id: str, exc: BaseException) -> JobOutcome:
+    """The record of a job that failed outside any node (validation at run time, an engine fault)."""
+    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
+             "exception_message": str(exc), "exception_type": type(exc).__name__, "traceback": [],
+             "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()}
+    payload = getattr(exc, "to_json", None)
+    if callable(payload):
+        error["details"] = payload()
+    return JobOutcome("error", error=error, messages=[["execution_error", error]])
+
+
+def interrupted_outcome(prompt_id: str, exception_type: str, message: str, *, killed: bool = False) -> JobOutcome:
+    """The record of a job the runner stopped from outside (its worker killed, or never started)."""
+    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
+             "exception_type": exception_type, "exception_message": message, "timestamp": timestamp_ms()}
+    return JobOutcome("interrupted", error=error, messages=[["execution_interrupted", error]], killed=killed)
+
+
+def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable[..., Any], request: JobRequest,
+                control: Any, *, validated: Any = None, base: Any = None) -> JobOutcome:
+    """Validate (unless given) and run one job; outputs staged under the request's token when it has one."""
+    if request.staging_token is not None:
+        begin_staging(request.staging_token)
+    try:
+        if validated is None:
+            validated = validate(request.prompt, request.partial_targets)
+        result = run(validated, prompt_id=request.prompt_id, extra_data=request.extra_data, control=control)
+        outcome = JobOutcome(result.status if result.status in ("success", "interrupted") else "error",
+                             outputs=result.outputs, messages=[list(m) for m in result.messages],
+                             meta=result.meta, error=result.error)
+    except Exception as exc:  # validation at run time (a restart with other nodes) or an engine fault
+        outcome = failure_outcome(request.prompt_id, exc)
+    finally:
+        staged = end_staging() if request.staging_token is not None else []
+    outcome.staged = staged
+    if base is not None and outcome.status != "success":  # messages name files relative to the base folder
+        outcome.error = scrub_base(outcome.error, base)
+        outcome.messages = scrub_base(outcome.messages, base)
+    return outcome
+
+
+# ---------------------------------------------------------------------- the interface
+class Worker(ABC):
+    """What the job runner needs of a worker (called from the runner's one thread)."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Get ready to run jobs (a remote worker starts its runtime in the background)."""
+
+    @abstractmethod
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
+        """Run one job to its outcome; `control.interrupted` asks it to stop. Raises WorkerDied."""
+
+    @abstractmethod
+    def free(self, unload_models: bool) -> None:
+        """Between jobs: clear the output cache (and unload models when asked)."""
+
+    @abstractmethod
+    def stop(self, timeout: float = 30.0) -> None:
+        """Release the worker (after the current job)."""
+
+
+class InProcessWorker(Worker):
+    """Runs jobs on the calling thread, with the caller's runtime functions."""
+
+    def __init__(self, validate: Callable[[dict, list[str] | None], Any], run: Callable[..., Any], *,
+                 free: Callable[[bool], None] | None = None, base: Any = None) -> None:
+        self.validate = validate
+        self.run_prompt = run
+        self.free_caches = free
+        self.base = base
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
+        """Run the job here."""
+        return run_request(self.validate, self.run_prompt, request, control, validated=validated, base=self.base)
+
+    def free(self, unload_models: bool) -> None:
+        """Clear the caches here."""
+        if self.free_caches is not None:
+            self.free_caches(unload_models)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Nothing to stop."""
+
+
+class Transport(ABC):
+    """A channel to one worker runtime (a child process, a Ray actor) that can also kill it."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start the runtime; it sends ("ready",) once it can take jobs."""
+
+    @abstractmethod
+    def send(self, message: tuple) -> None:
+        """Send one message; WorkerDied when the runtime is gone."""
+
+    @abstractmethod
+    def receive(self, timeout: float) -> tuple | None:
+        """The next message, or None after `timeout` seconds; WorkerDied when the runtime is gone."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End the runtime at once, whatever it is doing."""
+
+    @abstractmethod
+    def stop(self, timeout: float) -> None:
+        """Ask the runtime to end; kill it after `timeout` seconds."""
+
+
+class RemoteWorker(Worker):
+    """Runs jobs in a runtime reached through a transport; its events go out on `events`."""
+
+    def __init__(self, make_transport: Callable[[], Transport], events: EventBus, *,
+                 grace_s: float = DEFAULT_INTERRUPT_GRACE_S) -> None:
+        self.make_transport = make_transport
+        self.events = events
+        self.grace_s = grace_s
+        self.transport: Transport | None = None
+        self.ready = False
+        self.restarts = 0  # runtimes started after the first (kills and crashes)
+
+    def start(self) -> None:
+        """Start the runtime in the background (jobs wait for it to be ready)."""
+        if self.transport is None:
+            self.transport = self.make_transport()
+            self.ready = False
+            self.transport.start()
+
+    def _discard(self, *, kill: bool) -> None:
+        transport, self.transport, self.ready = self.transport, None, False
+        if transport is not None:
+            if kill:
+                transport.kill()
+            else:
+                transport.stop(0.0)
+            self.restarts += 1
+
+    def _wait_ready(self, control: Any) -> bool:
+        """Wait for ("ready",); False when the job was interrupted meanwhile."""
+        while not self.ready:
+            try:
+                message = self.transport.receive(POLL_S)
+            except WorkerDied as exc:
+                self._discard(kill=True)
+                raise WorkerStartFailed(f"the job worker could not start: {exc}") from None
+            if message is not None and message[0] == "ready":
+                self.ready = True
+            elif control is not None and control.interrupted:
+                return False
+        return True
+
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
+        """Send the job, relay its events, and return its outcome; kill the runtime if an interrupt is
+        not honoured within the grace period (the next job starts a fresh one)."""
+        self.start()
+        if not self._wait_ready(control):
+            return interrupted_outcome(request.prompt_id, "Interrupted", "interrupted before it started")
+        transport = self.transport
+        try:
+            transport.send(("run", request))
+            interrupt_sent_at: float | None = None
+            while True:
+                message = transport.receive(POLL_S)
+                if message is not None:
+                    kind = message[0]
+                    if kind == "event":
+                        self.events.emit(message[1], message[2])
+                    elif kind == "result":
+                        return message[1]
+                    continue
+                if control.interrupted and interrupt_sent_at is None:
+                    transport.send(("interrupt", request.prompt_id))
+                    interrupt_sent_at = time.monotonic()
+                elif interrupt_sent_at is not None and time.monotonic() - interrupt_sent_at > self.grace_s:
+                    logger.warning("job %s: no check point reached %.1fs after the interrupt; killing its worker",
+                                   request.prompt_id, self.grace_s)
+                    self._discard(kill=True)
+                    return interrupted_outcome(
+                        request.prompt_id, "WorkerKilled",
+                        f"the running node did not stop within {self.grace_s:g} s of the interrupt; its worker "
+                        "process was stopped and restarted", killed=True)
+        except WorkerDied:
+            self._discard(kill=True)
+            raise
+
+    def free(self, unload_models: bool) -> None:
+        """Ask the runtime to clear its caches (nothing to do when it has not started)."""
+        if self.transport is None or not self.ready:
+            return
+        try:
+            self.transport.send(("free", unload_models))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                message = self.transport.receive(POLL_S)
+                if message is not None and message[0] == "freed":
+                    return
+        except WorkerDied:
+            self._discard(kill=True)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the runtime."""
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.stop(timeout)
+
+
+# ---------------------------------------------------------------------- a local process
+class LocalProcessTransport(Transport):
+    """A worker runtime in a child process (spawned, so it shares no locks or threads with the server)."""
+
+    def __init__(self, recipe: RuntimeRecipe) -> None:
+        self.recipe = recipe
+        self.process = None
+        self.connection = None
+
+    def start(self) -> None:
+        """Spawn the child; it builds its runtime from the recipe."""
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe(duplex=True)
+        self.process = context.Process(target=serve_worker, args=(child, self.recipe), name="weft-job-worker")
+        self.process.start()
+        child.close()
+        self.connection = parent
+
+    def _died(self, reason: str) -> WorkerDied:
+        code = self.process.exitcode if self.process is not None else None
+        return WorkerDied(f"the job worker process {reason} (exit code {code})")
+
+    def send(self, message: tuple) -> None:
+        """Send one message down the pipe."""
+        try:
+            self.connection.send(message)
+        except (OSError, EOFError, ValueError):
+            raise self._died("is gone") from None
+
+    def receive(self, timeout: float) -> tuple | None:
+        """The next message from the pipe, or None after `timeout`."""
+        try:
+            if self.connection.poll(timeout):
+                return self.connection.recv()
+        except (OSError, EOFError, ValueError):
+            self.process.join(1.0)
+            raise self._died("ended") from None
+        if not self.process.is_alive():
+            raise self._died("ended")
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the child and reap it."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        self._close()
+
+    def stop(self, timeout: float) -> None:
+        """Ask the child to end, then kill it after `timeout`."""
+        if self.process is None:
+            return
+        try:
+            self.connection.send(("stop",))
+        except (OSError, EOFError, ValueError):
+            pass
+        self.process.join(timeout)
+        self.kill()
+
+    def _close(self) -> None:
+        if self.process is not None:
+            self.process.join(5.0)
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the server's process dies (even by SIGKILL)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _WorkerHost:
+    """The child's side: builds the runtime, reads messages, runs one job at a time on a thread."""
+
+    def __init__(self, connection: Any, runtime: Any) -> None:
+        self.connection = connection
+        self.runtime = runtime
+        self.base = getattr(getattr(runtime, "paths", None), "base", None)
+        self._send_lock = threading.Lock()
+        self.control = None
+        self.prompt_id: str | None = None
+        runtime.events.subscribe(self._forward)
+
+    def send(self, message: tuple) -> None:
+        """Send to the server; the server being gone ends this process."""
+        try:
+            with self._send_lock:
+                self.connection.send(message)
+        except (OSError, EOFError, ValueError):
+            os._exit(0)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            if message[0] != "event":
+                raise
+            import json
+
+            # An event carrying something that does not pickle: send what the websocket would show.
+            self.send(("event", message[1], json.loads(json.dumps(message[2], default=repr))))
+
+    def _forward(self, event: str, data: dict) -> None:
+        if event == "preview":
+            try:
+                encoded = encode_preview(data.get("image"))
+            except Exception:  # a preview that cannot be encoded is skipped, never fails the job
+                return
+            if encoded is None:
+                return
+            data = dict(data, image=encoded)
+        elif event == "execution_error" and self.base is not None:
+            data = scrub_base(data, self.base)
+        self.send(("event", event, data))
+
+    def _run(self, request: JobRequest) -> None:
+        outcome = run_request(lambda prompt, targets: self.runtime.validate(prompt, partial_targets=targets),
+                              self.runtime.executor.run, request, self.control, base=self.base)
+        self.prompt_id = None
+        self.send(("result", outcome))
+
+    def serve(self) -> None:
+        """Answer the server's messages until it says stop or goes away."""
+        from execution.scheduler import JobControl
+
+        self.send(("ready",))
+        while True:
+            try:
+                message = self.connection.recv()
+            except (OSError, EOFError):
+                os._exit(0)  # the server is gone
+            kind = message[0]
+            if kind == "run":
+                request = message[1]
+                self.control, self.prompt_id = JobControl(), request.prompt_id
+                threading.Thread(target=self._run, args=(request,), name="weft-job", daemon=True).start()
+            elif kind == "interrupt":
+                if self.control is not None and self.prompt_id == message[1]:
+                    self.control.interrupt()
+            elif kind == "free":
+                self.runtime.executor.cache.clear()
+                if message[1] and callable(getattr(self.runtime, "unload_models", None)):
+                    self.runtime.unload_models()
+                self.send(("freed",))
+            elif kind == "stop":
+                return
+
+
+def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
+    """The child process's entry point: build the runtime, then serve jobs over `connection`."""
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (worker): %(message)s")
+    try:
+        runtime = recipe.build()
+    except BaseException:
+        logger.exception("the job worker could not build its runtime")
+        raise
+    _WorkerHost(connection, runtime).serve()
+    connection.close()
