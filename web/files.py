@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from execution.paths import UnsafePathError, atomic_write_bytes, check_name_characters, confine
+from execution.paths import UnsafePathError, atomic_write_bytes, check_name_characters, confine, find_staged
 from web.security import JsonTooDeep, json_error, loads_bounded
 from web.state import STATE_KEY, ServerState
 
@@ -162,8 +162,14 @@ async def get_view(request: web.Request) -> web.StreamResponse:
         path = confine(root, filename, subfolder=query.get("subfolder", ""))
     except UnsafePathError as exc:
         return _bad(str(exc)[:300])
+    shown_name = path.name
     if not path.is_file():
-        return _bad(f"file {filename[:200]!r} not found", 404)
+        # A running job's output keeps its staging name until the job's record is written; the editor
+        # shows it as soon as the node reports it.
+        staged = find_staged(path)
+        if staged is None:
+            return _bad(f"file {filename[:200]!r} not found", 404)
+        path = staged
     preview = query.get("preview")
     channel = query.get("channel", "rgba") or "rgba"
     if channel not in ("rgba", "rgb", "a"):
@@ -178,9 +184,9 @@ async def get_view(request: web.Request) -> web.StreamResponse:
         except (ValueError, OSError) as exc:
             return _bad(str(exc)[:300])
         return web.Response(body=body, content_type=content_type,
-                            headers={"Content-Disposition": f'inline; filename="{path.stem}.{content_type[6:]}"',
+                            headers={"Content-Disposition": f'inline; filename="{Path(shown_name).stem}.{content_type[6:]}"',
                                      "Cache-Control": "no-cache"})
-    return serve_file(path, name=path.name)
+    return serve_file(path, name=shown_name)
 
 
 # ---------------------------------------------------------------------- uploads

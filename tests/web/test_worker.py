@@ -10,7 +10,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.web.conftest import const_prompt, get_json, new_id, post_json, wait_terminal
+from tests.web.conftest import const_prompt, get_json, http, new_id, post_json, wait_terminal
 from tests.web.serve import ServerThread
 
 GRACE_S = 1.0
@@ -126,3 +126,25 @@ def test_a_worker_that_dies_on_its_own_is_retried_once_then_the_job_is_interrupt
     assert runs.count(prompt_id) == 2
     status, reply = post_json(url + "/prompt", {"prompt": const_prompt(6, "later")})
     assert wait_terminal(url, reply["prompt_id"], timeout=60)["status"]["status_str"] == "success"
+
+
+def test_a_running_jobs_output_is_served_before_it_gets_its_final_name(worker_server):
+    url = worker_server.url
+    runs = worker_server.runtime.paths.output / "runs"
+    before = {p.name for p in runs.iterdir()} if runs.is_dir() else set()
+    prompt_id = new_id()
+    status, reply = post_json(url + "/prompt", {"prompt_id": prompt_id, "prompt": {
+        "1": {"class_type": "WebTestRecordRun", "inputs": {"value": 1, "seconds": 3.0}}}})
+    assert status == 200, reply
+    deadline = time.monotonic() + 60
+    while not (runs.is_dir() and {p.name for p in runs.iterdir()} - before):
+        assert time.monotonic() < deadline, "the job never wrote its file"
+        time.sleep(0.02)
+    [written] = sorted({p.name for p in runs.iterdir()} - before)
+    final = written.split("-", 3)[-1] if written.startswith(".weft-staged-") else written
+    assert written != final, "the running job's file already had its final name"
+    status, _, body = http("GET", f"{url}/view?filename={final}&subfolder=runs")
+    assert status == 200 and body == prompt_id.encode()
+    record = wait_terminal(url, prompt_id, timeout=60)
+    assert record["outputs"]["1"]["files"] == [{"filename": final, "subfolder": "runs", "type": "output"}]
+    assert sorted({p.name for p in runs.iterdir()} - before) == [final]
