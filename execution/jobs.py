@@ -521,12 +521,14 @@ class JobRunner:
 
     # ------------------------------------------------------------------ control
     def start(self) -> dict[str, list[str]]:
-        """Recover what a crash left running, settle its outputs, then start the runner thread."""
+        """Settle the outputs a crash left, recover the jobs it left running, then start the runner thread."""
+        # Settle first: a job still `running` here was cut short, so its files go, while the job that got
+        # its record just before the crash keeps them (recover would make the former terminal too).
+        self._settle_outputs()
         report = self.store.recover()
         if report["retried"] or report["interrupted"]:
             logger.warning("after a restart: %d job(s) retried, %d marked interrupted",
                            len(report["retried"]), len(report["interrupted"]))
-        self._settle_outputs()
         self._thread = threading.Thread(target=self._loop, name="weft-job-runner", daemon=True)
         self._thread.start()
         return report
