@@ -342,6 +342,7 @@ def command_run(argv: list[str]) -> int:
     if not args.json:
         runtime.events.subscribe(TerminalProgress(prompt))
     prompt_id = str(uuid.uuid4())
+    # In this process, not a worker: a headless run has no server to keep answering, and ^C stops it.
     result = runtime.executor.run(validated, prompt_id=prompt_id)
     files = written_files(result, runtime.paths)
     if args.profile_json:

@@ -1,7 +1,8 @@
 """The websocket: clients, their bounded send queues, and the engine's events turned into frames.
 
-Events arrive on the job worker's thread; `EventBridge` encodes them there (JSON text, or binary
-previews and progress texts) and hands finished frames to the event loop with `call_soon_threadsafe`.
+Events arrive on the job runner's thread (relayed from the worker process, which has already encoded
+previews as JPEG/PNG); `EventBridge` makes frames there (JSON text, or binary previews and progress
+texts) and hands finished frames to the event loop with `call_soon_threadsafe`.
 `Hub.deliver` then routes a frame to the client that submitted the job and to clients that subscribed
 to every job (a job without a client id goes to everyone, as in ComfyUI).
 
