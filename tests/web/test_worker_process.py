@@ -131,20 +131,24 @@ def test_a_worker_that_dies_on_its_own_is_retried_once_then_the_job_is_interrupt
 def test_a_running_jobs_output_is_served_before_it_gets_its_final_name(worker_server):
     url = worker_server.url
     runs = worker_server.runtime.paths.output / "runs"
-    before = {p.name for p in runs.iterdir()} if runs.is_dir() else set()
+
+    def names() -> set[str]:  # files written, not the temporary `.part` a write goes through
+        return {p.name for p in runs.iterdir() if not p.name.endswith(".part")} if runs.is_dir() else set()
+
+    before = names()
     prompt_id = new_id()
     status, reply = post_json(url + "/prompt", {"prompt_id": prompt_id, "prompt": {
         "1": {"class_type": "WebTestRecordRun", "inputs": {"value": 1, "seconds": 3.0}}}})
     assert status == 200, reply
     deadline = time.monotonic() + 60
-    while not (runs.is_dir() and {p.name for p in runs.iterdir()} - before):
+    while not names() - before:
         assert time.monotonic() < deadline, "the job never wrote its file"
         time.sleep(0.02)
-    [written] = sorted({p.name for p in runs.iterdir()} - before)
+    [written] = sorted(names() - before)
     final = written.split("-", 3)[-1] if written.startswith(".weft-staged-") else written
     assert written != final, "the running job's file already had its final name"
     status, _, body = http("GET", f"{url}/view?filename={final}&subfolder=runs")
     assert status == 200 and body == prompt_id.encode()
     record = wait_terminal(url, prompt_id, timeout=60)
     assert record["outputs"]["1"]["files"] == [{"filename": final, "subfolder": "runs", "type": "output"}]
-    assert sorted({p.name for p in runs.iterdir()} - before) == [final]
+    assert sorted(names() - before) == [final]
