@@ -239,3 +239,25 @@ def test_int8_convrot_video_vae_decoder_decodes_like_its_dequantized_twin(tmp_pa
     # measured 1.1e-2 at most, 1.7e-3 on average.
     assert (ours - reference).abs().max() < 3e-2
     assert (ours - reference).abs().mean() < 5e-3
+
+
+def test_a_running_int8_model_keeps_about_its_file_size_resident(tmp_path):
+    # Every weight taken during a forward stays resident (highvram): their total is the file's tensor
+    # bytes, give or take the float32 islands and buffers the model reads directly (RoPE, AdaLN table).
+    from safetensors import safe_open
+    path = _write(tmp_path, "int8_convrot")
+    with safe_open(str(path), framework="pt") as f:
+        tensor_bytes = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    model = load_model(path).model
+    manager = memory.MemoryManager(device="cpu", dtype=torch.float32, mode="highvram")
+    memory.activate(manager)
+    try:
+        with torch.no_grad():
+            model(*_inputs())
+    finally:
+        memory.unconfigure()
+    peak = manager.stats().peak_resident_bytes
+    quantized_bytes = sum(m.weight.numel() + m.weight_scale.numel() * 4 for m in model.modules()
+                          if isinstance(m, QuantizedLinear))
+    # Measured: 0.999x. The int8 layers are 14% of the file: held as float32 they would add 43%.
+    assert quantized_bytes < peak <= 1.1 * tensor_bytes
