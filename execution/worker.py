@@ -14,7 +14,9 @@ A transport carries picklable messages both ways and can kill what it reaches:
     worker -> server   ("ready",) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
 
 `LocalProcessTransport` runs `serve_worker` in a child process over a pipe; a Ray actor transport
-(the scale-out issue) implements the same five methods. Interruption is cooperative first: the
+(the scale-out issue) implements the same five methods. A local worker writes outputs under staging
+names in the shared output folder (`JobOutcome.staged`); a worker on another machine would return
+their bytes instead, for the server to write under the same staging names before the record. Interruption is cooperative first: the
 worker's executor stops at its next check point. A node that does not reach one within the grace
 period gets its worker killed and restarted, and its job ends `interrupted`. A worker that dies on
 its own raises `WorkerDied`, and the runner applies the crash rule (retry once, then interrupted).
