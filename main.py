@@ -67,15 +67,15 @@ def _argument_extensions():
 
 def cache_from_args(args: argparse.Namespace):
     """The result cache the cache flags ask for."""
-    from execution.cache import make_cache
+    from execution.cache import CacheKind, make_cache
 
     if args.cache_classic:
-        return make_cache("classic")
+        return make_cache(CacheKind.CLASSIC)
     if args.cache_lru:
-        return make_cache("lru", lru_size=args.cache_lru)
+        return make_cache(CacheKind.LRU, lru_size=args.cache_lru)
     if args.cache_none:
-        return make_cache("none")
-    return make_cache("ram", ram_gb=args.cache_ram)
+        return make_cache(CacheKind.NONE)
+    return make_cache(CacheKind.RAM, ram_gb=args.cache_ram)
 
 
 def paths_from_args(args: argparse.Namespace, *, create: bool = True):

@@ -4,11 +4,11 @@ A node's signature hashes (class, fingerprint, constant inputs, upstream signatu
 indices); it does not depend on node ids, so the same sub-graph under other ids hits the cache.
 Signatures are computed once per node per prompt, sources first, so the cost is linear in the
 graph. Not-idempotent nodes add their id; a NaN fingerprint (IS_CHANGED) adds a fresh token so the
-node and everything downstream runs every time. Expanded nodes get their parent's signature mixed
-in, which scopes them to that expansion.
+node and everything downstream runs every time. Nodes an expansion adds are keyed the same way, by
+structure; one the expansion salts (`cache_salt`) mixes the salt into its key and is never stored.
 
-Backends: classic (keeps what the latest prompt used), LRU by entry count, RAM pressure (bytes,
-the default), none.
+Backends (`CacheKind`): classic (keeps what the latest prompt used), LRU by entry count, RAM
+pressure (bytes, the default), none.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable
 
 from execution.graph import Link, PromptNode
@@ -95,10 +96,19 @@ def estimate_bytes(value: Any, _depth: int = 0) -> int:
     return sys.getsizeof(value) if isinstance(value, (int, float, bool)) else 64
 
 
+class CacheKind(str, Enum):
+    """The cache backends; each value is the word its command-line flag carries (`--cache-<value>`)."""
+
+    CLASSIC = "classic"
+    LRU = "lru"
+    RAM = "ram"
+    NONE = "none"
+
+
 class OutputCache:
     """Base class: a mapping from signature to CachedResult with a policy for what to keep."""
 
-    name = "base"
+    kind: CacheKind
 
     def __init__(self) -> None:
         self._entries: "OrderedDict[str, CachedResult]" = OrderedDict()
@@ -136,7 +146,7 @@ class OutputCache:
 class ClassicCache(OutputCache):
     """Keeps exactly what the latest prompt used (ComfyUI's default behaviour)."""
 
-    name = "classic"
+    kind = CacheKind.CLASSIC
 
     def __init__(self) -> None:
         super().__init__()
@@ -156,7 +166,7 @@ class ClassicCache(OutputCache):
 class LRUCache(OutputCache):
     """Keeps the `max_entries` most recently used results."""
 
-    name = "lru"
+    kind = CacheKind.LRU
 
     def __init__(self, max_entries: int) -> None:
         super().__init__()
@@ -174,7 +184,7 @@ class RAMPressureCache(OutputCache):
     available memory is below it.
     """
 
-    name = "ram"
+    kind = CacheKind.RAM
 
     def __init__(self, max_bytes: int | None = None, *, min_free_bytes: int = 2 * 2**30,
                  available_bytes: Callable[[], int] | None = None) -> None:
@@ -214,7 +224,7 @@ class RAMPressureCache(OutputCache):
 class NoCache(OutputCache):
     """Keeps nothing between prompts (or between nodes: intermediates are freed when consumed)."""
 
-    name = "none"
+    kind = CacheKind.NONE
 
     def put(self, signature: str, result: CachedResult) -> None:
         return None
@@ -236,15 +246,18 @@ def _available_memory_bytes() -> int:
     return 1 << 62
 
 
-def make_cache(kind: str = "ram", *, lru_size: int = 0, ram_gb: float | None = None) -> OutputCache:
-    """Build the cache named by the command-line flags (`--cache-classic`, `--cache-lru N`, ...)."""
-    if kind == "classic":
+def make_cache(kind: CacheKind | str = CacheKind.RAM, *, lru_size: int = 0,
+               ram_gb: float | None = None) -> OutputCache:
+    """Build the cache of `kind` (`--cache-classic`, `--cache-lru N`, `--cache-ram GB`, `--cache-none`)."""
+    try:
+        kind = CacheKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown cache kind {kind!r}; known: {[k.value for k in CacheKind]}") from None
+    if kind is CacheKind.CLASSIC:
         return ClassicCache()
-    if kind == "lru":
+    if kind is CacheKind.LRU:
         return LRUCache(lru_size or 100)
-    if kind == "none":
+    if kind is CacheKind.NONE:
         return NoCache()
-    if kind == "ram":
-        min_free = int((ram_gb if ram_gb is not None else 4.0) * 2**30)
-        return RAMPressureCache(min_free_bytes=min_free)
-    raise ValueError(f"unknown cache kind {kind!r}; expected classic, lru, ram or none")
+    min_free = int((ram_gb if ram_gb is not None else 4.0) * 2**30)
+    return RAMPressureCache(min_free_bytes=min_free)

@@ -12,7 +12,7 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 
@@ -241,39 +241,17 @@ class _NodeChecker:
     def check_constant(self, node: PromptNode, name: str, inp: InputSpec, value: Any) -> Any:
         kind = inp.type
         opts = inp.options
-        try:
-            if kind == "INT":
-                if isinstance(value, bool):
-                    raise ValueError
-                if isinstance(value, float):
-                    if not value.is_integer():
-                        raise ValueError
-                    value = int(value)
-                elif isinstance(value, str):
-                    value = int(value.strip())
-                elif not isinstance(value, int):
-                    raise ValueError
-            elif kind == "FLOAT":
-                if isinstance(value, bool):
-                    raise ValueError
-                value = float(value)
-                if math.isnan(value) or math.isinf(value):
-                    raise ValueError
-            elif kind == "STRING":
-                if not isinstance(value, str):
-                    raise ValueError
-            elif kind == "BOOLEAN":
-                if isinstance(value, str) and value.lower() in ("true", "false"):
-                    value = value.lower() == "true"
-                elif not isinstance(value, bool):
-                    raise ValueError
-        except (ValueError, TypeError, OverflowError):
-            self.fail(node, node_error(
-                "invalid_input_type",
-                f"Node {node.label}: input '{name}' expects {kind}, received {value!r}",
-                f"{name}: could not convert {value!r} to {kind}", input_name=name,
-                input_config=_config_json(inp), received_value=value))
-            return _INVALID
+        coerce = _COERCERS.get(kind)
+        if coerce is not None:
+            try:
+                value = coerce(value)
+            except (ValueError, TypeError, OverflowError):
+                self.fail(node, node_error(
+                    "invalid_input_type",
+                    f"Node {node.label}: input '{name}' expects {kind}, received {value!r}",
+                    f"{name}: could not convert {value!r} to {kind}", input_name=name,
+                    input_config=_config_json(inp), received_value=value))
+                return _INVALID
         if kind in ("INT", "FLOAT"):
             low, high = opts.get("min"), opts.get("max")
             if low is not None and value < low:
@@ -339,6 +317,55 @@ class _NodeChecker:
 
 
 _INVALID = object()
+
+
+# ---------------------------------------------------------------------- constant coercion
+# How a constant of each widget type is read from JSON; a coercer raises ValueError (or TypeError,
+# OverflowError) for a value that is not of its type. Types without one (COMBO, link types) pass as is.
+def _to_int(value: Any) -> int:
+    """An integer, from an int, a whole float or a decimal string (never a bool)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("not a whole number")
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    if not isinstance(value, int):
+        raise TypeError(type(value).__name__)
+    return value
+
+
+def _to_float(value: Any) -> float:
+    """A finite float, from a number or a numeric string (never a bool)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError("not finite")
+    return value
+
+
+def _to_string(value: Any) -> str:
+    """A string, as given."""
+    if not isinstance(value, str):
+        raise TypeError(type(value).__name__)
+    return value
+
+
+def _to_boolean(value: Any) -> bool:
+    """A bool, or the strings "true"/"false" in any case."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise TypeError(type(value).__name__)
+    return value
+
+
+_COERCERS: dict[str, Callable[[Any], Any]] = {
+    "INT": _to_int, "FLOAT": _to_float, "STRING": _to_string, "BOOLEAN": _to_boolean,
+}
 
 
 def validate_prompt(data: Any, registry: Registry, *, partial_targets: list[str] | None = None,
