@@ -11,7 +11,10 @@ import json
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from execution.validation import ValidatedPrompt
 
 from execution.errors import PromptError
 
@@ -110,8 +113,8 @@ class Runtime:
         self.registry = builtin_registry()
         self.plugin_reports: list[Any] = []
         self.events = events or EventBus()
-        services = {"max_loop_iterations": args.max_loop_iterations}
-        run_context.configure(self.paths, services)
+        self.services = run_context.Services(max_loop_iterations=args.max_loop_iterations)
+        run_context.configure(self.paths, self.services)
         # After configure: plugins may list model files (folder_paths) while they import.
         from nodes import plugins
 
@@ -121,7 +124,7 @@ class Runtime:
             from execution.scheduler import Executor
 
             self.executor = Executor(self.registry, cache=cache_from_args(args), events=self.events,
-                                     paths=self.paths, runtime=services)
+                                     paths=self.paths, runtime=self.services)
         self.validation_memo = ValidationMemo()  # re-submitting an unchanged prompt skips re-checking it
 
     def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
@@ -131,6 +134,18 @@ class Runtime:
         return validate_prompt(prompt, self.registry, partial_targets=partial_targets,
                                options={"max_loop_iterations": self.args.max_loop_iterations},
                                memo=self.validation_memo)
+
+    def prepare(self, data: Any, *, partial_targets: list[str] | None = None,
+                adjust: Callable[[Any], None] | None = None) -> tuple[Any, ValidatedPrompt]:
+        """(API prompt, validated prompt) from a workflow a client sent or a file held: the one path
+        of the server and the CLI. A UI-format workflow is converted first; `adjust` may then edit
+        the API prompt (the CLI's --set) before it is validated. PromptError when it cannot run."""
+        from execution.convert import to_api_prompt
+
+        prompt = to_api_prompt(data, self.registry)
+        if adjust is not None:
+            adjust(prompt)
+        return prompt, self.validate(prompt, partial_targets=partial_targets)
 
 
 # ---------------------------------------------------------------------- workflows
@@ -149,20 +164,11 @@ def read_workflow_file(path: Path) -> Any:
     return data
 
 
-def workflow_to_prompt(data: Any, registry) -> dict:
-    """An API prompt from a parsed UI- or API-format workflow (or a saved `{"prompt": ...}` body)."""
+def saved_workflow(data: Any) -> Any:
+    """The workflow in a parsed file: a saved `/prompt` body (`{"prompt": ...}`) holds it under "prompt"."""
     if isinstance(data, dict) and isinstance(data.get("prompt"), dict) and "nodes" not in data:
-        data = data["prompt"]
-    from execution.convert import is_ui_workflow, ui_to_api
-
-    if is_ui_workflow(data):
-        return ui_to_api(data, registry)
+        return data["prompt"]
     return data
-
-
-def load_workflow(path: Path, registry) -> dict:
-    """Read a UI- or API-format workflow file and return an API prompt."""
-    return workflow_to_prompt(read_workflow_file(path), registry)
 
 
 def _split_set_target(target: str, prompt: dict) -> tuple[str, str] | None:
@@ -293,9 +299,8 @@ def _workflow_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _validated_workflow(args: argparse.Namespace, runtime: Runtime):
     """Read, override (--set) and validate the workflow; PromptError when it cannot run."""
-    prompt = load_workflow(args.workflow, runtime.registry)
-    parse_set(args.set, prompt, runtime.registry)
-    return prompt, runtime.validate(prompt)
+    return runtime.prepare(saved_workflow(read_workflow_file(args.workflow)),
+                           adjust=lambda prompt: parse_set(args.set, prompt, runtime.registry))
 
 
 def run_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from execution.errors import PromptError
 from execution.spec import AUTOGROW, DYNAMIC_COMBO, InputSpec, Registry, widget_inputs
 
-__all__ = ["is_ui_workflow", "ui_to_api"]
+__all__ = ["is_ui_workflow", "to_api_prompt", "ui_to_api"]
 
 MODE_MUTED = 2  # LiteGraph "never"
 MODE_BYPASS = 4
@@ -56,6 +56,12 @@ _MISSING = object()
 def is_ui_workflow(data: Any) -> bool:
     """Whether `data` is a UI-format workflow (`{"nodes": [...], "links": [...], ...}`), not an API prompt."""
     return isinstance(data, Mapping) and isinstance(data.get("nodes"), list)
+
+
+def to_api_prompt(data: Any, registry: Registry) -> Any:
+    """`data` as an API prompt: a UI-format workflow converted, anything else as given (for
+    validation to judge)."""
+    return ui_to_api(data, registry) if is_ui_workflow(data) else data
 
 
 def ui_to_api(workflow: Mapping[str, Any], registry: Registry) -> dict[str, dict[str, Any]]:

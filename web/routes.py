@@ -94,17 +94,10 @@ async def post_prompt(request: web.Request) -> web.Response:
         return _bad("'partial_execution_targets' must be a list of node ids")
     targets = [str(t) for t in targets] if targets is not None else None
 
-    runtime = state.runtime
     loop = asyncio.get_running_loop()
-
-    def check():
-        from execution.convert import is_ui_workflow, ui_to_api
-
-        api_prompt = ui_to_api(prompt, runtime.registry) if is_ui_workflow(prompt) else prompt
-        return api_prompt, runtime.validate(api_prompt, partial_targets=targets)
-
     try:
-        api_prompt, validated = await loop.run_in_executor(None, check)
+        api_prompt, validated = await loop.run_in_executor(
+            None, lambda: state.runtime.prepare(prompt, partial_targets=targets))
     except PromptError as error:
         return web.json_response(error.to_json(), status=400)
     except (RecursionError, MemoryError) as exc:

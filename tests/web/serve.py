@@ -19,7 +19,7 @@ from execution import context as run_context
 from execution.context import current
 from execution.events import EventBus
 from execution.scheduler import Executor
-from execution.validation import validate_prompt
+from execution.validation import ValidationMemo
 from nodes.classic import specs_from_mappings
 
 
@@ -133,8 +133,8 @@ def add_test_nodes(registry) -> None:
     registry.register_all(specs_from_mappings(WEB_NODES, python_module="tests.web.serve"), origin="tests.web.serve")
 
 
-class LightRuntime:
-    """main.Runtime's interface over the testing node pack alone (no built-in packs, no torch)."""
+class LightRuntime(weft_main.Runtime):
+    """main.Runtime over the testing node pack alone (no built-in packs, no torch)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -150,14 +150,11 @@ class LightRuntime:
         add_test_nodes(self.registry)
         self.plugin_reports: list[Any] = []
         self.events = EventBus()
-        services = {"max_loop_iterations": args.max_loop_iterations}
-        run_context.configure(self.paths, services)
+        self.services = run_context.Services(max_loop_iterations=args.max_loop_iterations)
+        run_context.configure(self.paths, self.services)
         self.executor = Executor(self.registry, cache=weft_main.cache_from_args(args), events=self.events,
-                                 paths=self.paths, runtime=services)
-
-    def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
-        return validate_prompt(prompt, self.registry, partial_targets=partial_targets,
-                               options={"max_loop_iterations": self.args.max_loop_iterations})
+                                 paths=self.paths, runtime=self.services)
+        self.validation_memo = ValidationMemo()
 
 
 def full_runtime(args: argparse.Namespace):
