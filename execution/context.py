@@ -6,13 +6,59 @@ context variable, so async nodes and worker threads each see their own.
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from execution.paths import Paths
 
 
 class ExecutionInterrupted(Exception):
     """Raised inside a node when its job was interrupted or cancelled."""
+
+
+T = TypeVar("T")
+
+DEFAULT_MAX_LOOP_ITERATIONS = 10_000
+
+
+class Services:
+    """What every node call of one runtime shares: its settings and the objects it keeps across jobs
+    (such as the model cache). One is made where a runtime is wired (the server, the CLI, a test's
+    executor) and handed to each node call as `RunContext.runtime`.
+    """
+
+    __slots__ = ("max_loop_iterations", "_shared")
+
+    def __init__(self, *, max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS) -> None:
+        self.max_loop_iterations = max_loop_iterations  # loops refuse more iterations than this
+        self._shared: dict[str, Any] = {}
+
+    def shared(self, name: str, make: Callable[[], T]) -> T:
+        """The runtime's one object called `name`, made by `make()` on first use."""
+        found = self._shared.get(name, _ABSENT)
+        if found is _ABSENT:
+            found = self._shared[name] = make()
+        return found
+
+    # The mapping reads of the plain dict this replaced, for node code that still uses them
+    # (`runtime.get("max_loop_iterations")`, `runtime.setdefault("model_cache", ...)`).
+    def get(self, name: str, default: Any = None) -> Any:
+        """A setting or shared object by name, or `default`."""
+        if name == "max_loop_iterations":
+            return self.max_loop_iterations
+        return self._shared.get(name, default)
+
+    def setdefault(self, name: str, value: Any) -> Any:
+        """The shared object `name`, set to `value` when there is none yet."""
+        return self._shared.setdefault(name, value)
+
+    def __getitem__(self, name: str) -> Any:
+        found = self.get(name, _ABSENT)
+        if found is _ABSENT:
+            raise KeyError(name)
+        return found
+
+
+_ABSENT = object()
 
 
 def _never() -> bool:
@@ -31,7 +77,7 @@ class RunContext:
 
     def __init__(self, prompt_id: str, node_id: str, display_node_id: str, paths: Paths,
                  emit: Callable[[str, dict], None] = _drop, is_interrupted: Callable[[], bool] = _never,
-                 runtime: dict[str, Any] | None = None, parent_node_id: str | None = None,
+                 runtime: Services | None = None, parent_node_id: str | None = None,
                  real_node_id: str | None = None) -> None:
         self.prompt_id = prompt_id
         self.node_id = node_id
@@ -39,7 +85,7 @@ class RunContext:
         self.paths = paths
         self.emit = emit
         self.is_interrupted = is_interrupted
-        self.runtime = runtime if runtime is not None else {}  # shared services (memory, model cache)
+        self.runtime = runtime if runtime is not None else Services()  # what the runtime's node calls share
         self.parent_node_id = parent_node_id
         self.real_node_id = real_node_id
 
@@ -66,7 +112,7 @@ _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("we
 _configured: list[RunContext] = []  # the configured runtime: folders seen outside a node call
 
 
-def configure(paths: Paths, runtime: dict[str, Any] | None = None) -> None:
+def configure(paths: Paths, runtime: Services | None = None) -> None:
     """Set the folders (and shared services) that code outside a node call sees, such as
     validation and /object_info listing the files a choice input offers."""
     _configured[:] = [RunContext(prompt_id="", node_id="", display_node_id="", paths=paths, runtime=runtime)]
