@@ -127,6 +127,10 @@ class Runtime:
                                      paths=self.paths, runtime=self.services)
         self.validation_memo = ValidationMemo()  # re-submitting an unchanged prompt skips re-checking it
 
+    def unload_models(self) -> None:
+        """Forget the loaded models (the server's /free with unload_models)."""
+        self.services.release_shared()
+
     def validate(self, prompt: dict, *, partial_targets: list[str] | None = None):
         """The one validation path (server, headless runner and the editor's pre-check)."""
         from execution.validation import validate_prompt

@@ -39,6 +39,11 @@ class Services:
             found = self._shared[name] = make()
         return found
 
+    def release_shared(self) -> None:
+        """Forget every shared object (the loaded models with the model cache), so their memory can
+        be freed; each is made again when next asked for."""
+        self._shared.clear()
+
     # The mapping reads of the plain dict this replaced, for node code that still uses them
     # (`runtime.get("max_loop_iterations")`, `runtime.setdefault("model_cache", ...)`).
     def get(self, name: str, default: Any = None) -> Any:

@@ -391,7 +391,7 @@ async def get_system_stats(request: web.Request) -> web.Response:
     torch_version = ""
     if "torch" in sys.modules:
         torch_version = getattr(sys.modules["torch"], "__version__", "")
-    reports = [_plugin_json(r) for r in getattr(state.runtime, "plugin_reports", None) or ()]
+    reports = [_plugin_json(r) for r in state.runtime.plugin_reports]
     return web.json_response({
         "system": {"os": os.name, "platform": platform.platform(), "ram_total": memory.total,
                    "ram_free": memory.available, "comfyui_version": WEFT_VERSION, "weft_version": WEFT_VERSION,

@@ -24,7 +24,7 @@ from execution.worker import RuntimeRecipe
 from web import files, routes
 from web.flags import build_parser  # noqa: F401 (the server's flags, torch- and aiohttp-free)
 from web.security import SecurityConfig, is_loopback_host, security_middleware
-from web.state import STATE_KEY, ServerConfig, ServerState
+from web.state import STATE_KEY, AppRuntime, ServerConfig, ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ async def gzip_json_middleware(request: web.Request, handler: Callable) -> web.S
     return response
 
 
-def create_app(runtime: Any, config: ServerConfig) -> web.Application:
+def create_app(runtime: AppRuntime, config: ServerConfig) -> web.Application:
     """The application for `runtime` (paths, registry, events, executor, validate)."""
     state = ServerState(runtime, config)
     files.ensure_user_folder(state)
@@ -120,7 +120,7 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_server(runtime: Any, config: ServerConfig) -> RunningServer:
+async def start_server(runtime: AppRuntime, config: ServerConfig) -> RunningServer:
     """Start the application on config.host (comma-separated) and config.port (0: a free port)."""
     app = create_app(runtime, config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
@@ -193,7 +193,7 @@ def config_from_args(args: argparse.Namespace, *, announce: Callable[[str], None
                         interrupt_grace_s=args.interrupt_grace)
 
 
-async def _serve(runtime: Any, config: ServerConfig) -> None:
+async def _serve(runtime: AppRuntime, config: ServerConfig) -> None:
     server = await start_server(runtime, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -213,14 +213,14 @@ async def _serve(runtime: Any, config: ServerConfig) -> None:
 
 
 def main(argv: list[str], *, add_common_arguments: Callable[[argparse.ArgumentParser], None],
-         runtime_factory: Callable[[argparse.Namespace], Any]) -> int:
+         runtime_factory: Callable[[argparse.Namespace], AppRuntime]) -> int:
     """`python main.py [flags]`: build the runtime and serve until interrupted."""
     parser = build_parser(add_common_arguments)
     return serve(parser, parser.parse_args(argv), runtime_factory)
 
 
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
-          runtime_factory: Callable[[argparse.Namespace], Any]) -> int:
+          runtime_factory: Callable[[argparse.Namespace], AppRuntime]) -> int:
     """Serve with flags already parsed by `parser` (used for its usage errors) until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.port < 0 or args.port > 65535:

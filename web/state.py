@@ -5,7 +5,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from aiohttp import web
 
@@ -13,6 +13,13 @@ from execution.jobs import JobHooks, JobRunner, JobStore
 from execution.worker import LocalProcessTransport, RemoteWorker
 from web.security import SecurityConfig
 from web.websocket import EventBridge, Hub
+
+if TYPE_CHECKING:
+    from execution.events import EventBus
+    from execution.paths import Paths
+    from execution.scheduler import Executor
+    from execution.spec import Registry
+    from execution.validation import ValidatedPrompt
 
 WEB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = WEB_DIR.parent
@@ -39,6 +46,26 @@ class ServerConfig:
     interrupt_grace_s: float = 10.0  # after an interrupt, a node gets this long before its worker is killed
 
 
+class AppRuntime(Protocol):
+    """What the server needs of the runtime main.py wires (`main.Runtime`)."""
+
+    paths: Paths
+    registry: Registry
+    events: EventBus
+    executor: Executor
+    plugin_reports: Sequence[Any]  # the plugin loader's reports, one per plugin found
+
+    def validate(self, prompt: dict, *, partial_targets: list[str] | None = None) -> ValidatedPrompt:
+        """Validate an API prompt (PromptError when nothing can run)."""
+
+    def prepare(self, data: Any, *, partial_targets: list[str] | None = None,
+                adjust: Callable[[Any], None] | None = None) -> tuple[Any, ValidatedPrompt]:
+        """(API prompt, validated prompt) from a UI- or API-format workflow."""
+
+    def unload_models(self) -> None:
+        """Forget the loaded models, so their memory can be freed."""
+
+
 def default_front_end_root() -> Path | None:
     """The official editor's static folder from the installed `comfyui-frontend-package`."""
     try:
@@ -53,7 +80,7 @@ def default_front_end_root() -> Path | None:
 class ServerState:
     """The server's parts, wired once per application."""
 
-    def __init__(self, runtime: Any, config: ServerConfig) -> None:
+    def __init__(self, runtime: AppRuntime, config: ServerConfig) -> None:
         from execution.scheduler import JobControl
 
         self.runtime = runtime
@@ -79,7 +106,7 @@ class ServerState:
             run=runtime.executor.run, make_control=JobControl, on_start=self._on_start,
             on_finish=self._on_finish, on_queue_change=self.queue_changed, emit=runtime.events.emit,
             free=self._free_in_process), worker=worker, output_folders=(Path(self.paths.output), Path(self.paths.temp)))
-        for report in getattr(runtime, "plugin_reports", None) or ():
+        for report in runtime.plugin_reports:
             web_dir = getattr(report, "web_directory", None)
             if getattr(report, "status", "") == "loaded" and web_dir:
                 self.plugin_web_dirs[report.name] = Path(web_dir)
@@ -95,7 +122,7 @@ class ServerState:
     def _free_in_process(self, unload_models: bool) -> None:
         """Jobs running in this process: clear the output cache (and unload models)."""
         self.runtime.executor.cache.clear()
-        if unload_models and callable(getattr(self.runtime, "unload_models", None)):
+        if unload_models:
             self.runtime.unload_models()
 
     # ------------------------------------------------------------------ queue status

@@ -1,4 +1,5 @@
-"""Runtime.prepare: the one path from a sent or loaded workflow to a validated prompt (server and CLI)."""
+"""The runtime main.py wires, as the server and the CLI use it: Runtime.prepare (the one path from a sent or
+loaded workflow to a validated prompt) and unload_models."""
 from __future__ import annotations
 
 import pytest
@@ -42,3 +43,9 @@ def test_api_prompt_passes_through_and_errors_are_prompt_errors(runtime):
 def test_server_takes_a_ui_workflow_through_the_same_path(light_server):
     status, body = post_json(light_server.url + "/prompt", {"prompt": UI_WORKFLOW})
     assert status == 200 and body["node_errors"] == {}
+
+
+def test_unload_models_forgets_the_shared_model_cache(runtime):
+    cache = runtime.services.shared("model_cache", dict)
+    runtime.unload_models()
+    assert runtime.services.shared("model_cache", dict) is not cache

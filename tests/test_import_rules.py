@@ -1,0 +1,32 @@
+"""The folder-level import rules: execution/ sees nodes only through its own NodeSpec, and web/
+reaches the rest only through execution/ (main.py wires the parts together)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "execution": {"torch", "nodes", "models", "media", "kernels", "web", "cluster", "main"},
+    "web": {"nodes", "models", "media", "kernels", "cluster", "main"},
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level package of every module `path` imports, at any depth of its code."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN))
+def test_folder_imports_only_what_its_layer_may(folder):
+    broken = {str(path.relative_to(ROOT)): sorted(imported_roots(path) & FORBIDDEN[folder])
+              for path in sorted((ROOT / folder).rglob("*.py"))}
+    assert {path: names for path, names in broken.items() if names} == {}
