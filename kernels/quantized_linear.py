@@ -2,6 +2,9 @@
 
 kernels/linear.py's `linear` hands every call whose weight is a `QuantizedWeight` to this op. Its
 backends, in priority order:
+  int8_compiled  the int8 product below with its two elementwise stages each fused by torch.compile
+         (prologue, pre-scale, rotation and per-token quantization; rescale and epilogue), once per
+         shape class; chosen automatically for products large enough to repay compiling.
   int8   int8 weights (rotated or not): the activation is rotated online by the same block-diagonal
          Hadamard as the weight, quantized per token (row scale = max |x| / 127), multiplied with
          int32 accumulation (`torch._int_mm`) and rescaled by row scale x weight row scale in
@@ -19,8 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.linear import apply_prologue, linear_eager
-from kernels.quantized import FLOAT8_FORMATS, QuantizedWeight, WeightFormat, rotate_rows
+from kernels import compiled as _compiled
+from kernels.linear import _flatten_epilogue, apply_prologue, linear_eager
+from kernels.quantized import FLOAT8_FORMATS, QuantizedWeight, WeightFormat, hadamard, rotate_rows
 from kernels.registry import KernelRegistry
 
 INT8_MAX = 127.0
@@ -111,6 +115,88 @@ def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.
 
 
 # ----------------------------------------------------------------------------------------------
+# int8, compiled
+
+def _int8_activation_graph(x2: torch.Tensor, prologue_weight: torch.Tensor | None,
+                           pre_quant_scale: torch.Tensor | None, rotation: torch.Tensor | None, prologue, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K') rows -> int8 codes (M, K) and float32 row scales (M, 1): what the int8 backend does before the product."""
+    h = apply_prologue(x2, prologue, prologue_weight, eps)
+    if pre_quant_scale is not None:
+        h = h * pre_quant_scale.to(h.dtype)
+    if rotation is not None:
+        group = rotation.shape[0]
+        h = torch.matmul(h.reshape(h.shape[0], -1, group), rotation.T).reshape(h.shape[0], -1)
+    hf = h.float()
+    scale = (hf.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=1e-30)
+    return torch.round(hf / scale).to(torch.int8), scale
+
+
+def _int8_rescale_graph(acc: torch.Tensor, row_scale: torch.Tensor, weight_scale: torch.Tensor,
+                        bias: torch.Tensor | None, residual: torch.Tensor | None, scale: torch.Tensor | None,
+                        out_dtype: torch.dtype) -> torch.Tensor:
+    """int32 (M, N) -> the output rows: rescale, bias, residual scale and residual in float32, rounded once."""
+    y = acc.float() * row_scale * weight_scale
+    if bias is not None:
+        y = y + bias.float()
+    if scale is not None:
+        y = y * scale.float()
+    if residual is not None:
+        y = residual.float() + y
+    return y.to(out_dtype)
+
+
+_activation_compiler = _compiled.ShapeClassCompiler(_int8_activation_graph)
+_rescale_compiler = _compiled.ShapeClassCompiler(_int8_rescale_graph)
+
+
+def _int8_compiled_check(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
+                         residual_scale=None) -> str | None:
+    reason = _int8_check(x, weight, bias)
+    if reason is not None:
+        return reason
+    scale = residual_scale if isinstance(residual_scale, torch.Tensor) else None
+    return _compiled.decline_reason([x, bias, prologue_weight, residual, scale, weight.pre_quant_scale])
+
+
+def _int8_compiled_worthwhile(x, weight, bias=None, **_options) -> str | None:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return _compiled.worthwhile(rows * weight.shape[0] * weight.shape[1])
+
+
+def quantized_linear_int8_compiled(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
+                                   prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                                   residual: torch.Tensor | None = None,
+                                   residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+    """The int8 backend with its activation and output stages compiled (see the module docstring)."""
+    out_features, in_features = weight.shape
+    rows = x.numel() // x.shape[-1]
+    out_shape = (*x.shape[:-1], out_features)
+    x2 = x.reshape(rows, x.shape[-1])
+    group = weight.rotation_group
+    rotation = hadamard(group, device=x.device, dtype=x.dtype) if group else None
+    pre = weight.pre_quant_scale
+    key = (prologue, x.shape[-1], in_features, group, x.dtype, x.device.type, prologue_weight is not None,
+           pre is not None, float(eps), rows == 1)
+    codes, row_scale = _activation_compiler.run(key, x2, prologue_weight, pre, rotation, prologue, float(eps))
+    acc = int8_matmul(codes, weight.data)  # (M, N) int32
+    residual2, residual_kind = _flatten_epilogue(residual, out_shape, rows)
+    if isinstance(residual_scale, torch.Tensor):
+        scale, scale_kind = _flatten_epilogue(residual_scale, out_shape, rows)
+    elif residual_scale is not None:
+        # A Python float would be baked into the graph, recompiling for every value.
+        scale, scale_kind = torch.tensor(float(residual_scale), dtype=torch.float32, device=x.device), "scalar"
+    else:
+        scale, scale_kind = None, "none"
+    out_dtype = residual.dtype if residual is not None else x.dtype
+    weight_scale = weight.scale.float().reshape(1, -1)
+    key = (out_features, weight_scale.shape[1] == 1, bias is not None, residual_kind,
+           residual.dtype if residual is not None else None, scale_kind, out_dtype, x.device.type, rows == 1)
+    y = _rescale_compiler.run(key, acc, row_scale, weight_scale, bias, residual2, scale, out_dtype)
+    return y.reshape(out_shape)
+
+
+# ----------------------------------------------------------------------------------------------
 # float8 backend
 
 def _fp8_available() -> str | None:
@@ -162,6 +248,8 @@ QUANTIZED_LINEAR = KernelRegistry("quantized_linear")
 QUANTIZED_LINEAR.register("eager", quantized_linear_eager)
 QUANTIZED_LINEAR.register("fp8", quantized_linear_fp8, check=_fp8_check, available=_fp8_available, before="eager")
 QUANTIZED_LINEAR.register("int8", quantized_linear_int8, check=_int8_check, before="fp8")
+QUANTIZED_LINEAR.register("int8_compiled", quantized_linear_int8_compiled, check=_int8_compiled_check,
+                          available=_compiled.available, worthwhile=_int8_compiled_worthwhile, before="int8")
 
 
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, **options) -> torch.Tensor:

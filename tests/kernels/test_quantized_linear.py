@@ -87,3 +87,17 @@ def test_quantized_weight_shapes_are_checked_like_float_ones():
         linear(torch.randn(4, 60), _int8(32, 64))
     with pytest.raises(ValueError, match=r"bias must be \(32,\)"):
         linear(torch.randn(4, 64), _int8(32, 64), torch.zeros(31))
+
+
+def test_compiled_int8_backend_matches_the_eager_int8_backend():
+    # Forced: automatic choice compiles only products large enough to repay it. One shape class.
+    weight = _int8(32, 64, 16)
+    x = torch.randn(20, 128, generator=_gen(11))
+    residual = torch.randn(20, 32, generator=_gen(12))
+    options = dict(prologue="swiglu", residual=residual, residual_scale=torch.rand(32, generator=_gen(13)))
+    bias = torch.randn(32, generator=_gen(14))
+    compiled = QUANTIZED_LINEAR(x, weight, bias, backend="int8_compiled", **options)
+    eager = QUANTIZED_LINEAR(x, weight, bias, backend="int8", **options)
+    # Same arithmetic; only the rotation's summation order and the rounding of exact ties may differ.
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-2 * (eager - residual).abs().max().item())
+    assert QUANTIZED_LINEAR.backend("int8_compiled").worthwhile(x, weight) is not None  # too small to compile by itself
