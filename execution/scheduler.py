@@ -65,6 +65,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from execution import context as run_context
 from execution.cache import CachedResult, NoCache, OutputCache
 from execution.events import EventBus, timestamp_ms
 from execution.expansion import Expansion
@@ -75,7 +76,6 @@ from execution.paths import Paths
 from execution.profile import ProfileRows, Profiler
 from execution.readiness import Readiness, Slot
 from execution.spec import Registry
-from execution import context as run_context
 from execution.validation import ValidatedPrompt
 
 # Events kept in JobResult.messages besides going to the bus (the history's status messages).
