@@ -120,12 +120,12 @@ class Executor:
     """Runs prompts against a registry with one output cache shared across jobs."""
 
     def __init__(self, registry: Registry, *, cache: OutputCache | None = None, events: EventBus | None = None,
-                 paths: Paths | None = None, runtime: dict | None = None) -> None:
+                 paths: Paths | None = None, runtime: run_context.Services | dict | None = None) -> None:
         self.registry = registry
         self.cache = cache if cache is not None else NoCache()
         self.events = events or EventBus()
         self.paths = paths or Paths(".")
-        self.runtime = runtime if runtime is not None else {}
+        self.runtime = runtime if runtime is not None else run_context.Services()  # shared by its node calls
         self._lock = threading.Lock()  # one prompt at a time: nodes share models and memory
 
     def run(self, validated: ValidatedPrompt, *, prompt_id: str, extra_data: dict | None = None,
