@@ -1,7 +1,7 @@
 """Nodes: NodeSpec, the registry, the plugin loader and the built-in node packs."""
 import importlib
 
-# ComfyUI's `nodes` module constant, which simple custom-node packs import from here.
+# Upper bound of every width/height widget. Custom-node packs written for ComfyUI import it from `nodes`.
 MAX_RESOLUTION = 16384
 
 # Built-in packs, registered in this order. Each module exposes NODES: a list of NodeSpec.

@@ -1,7 +1,7 @@
-"""Conditioning nodes: text prompts encoded by the text encoder on the CLIP wire.
+"""Conditioning nodes: a text prompt turned into CONDITIONING by the encoder on the CLIP wire.
 
-CONDITIONING is a list with one `[hidden (B, L, D), extras]` entry (models/h3/__init__.py); extras hold
-the `attention_mask` and, from the H3 nodes, `keyframes` and `references`.
+CONDITIONING is a list holding one `[hidden (B, L, D), extras]` pair (see models/h3/__init__.py): the
+extras carry the `attention_mask`, and the H3 nodes add `keyframes` and `references` to them.
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ NODES = [
     NodeSpec(
         node_id="CLIPTextEncode", display_name="CLIP Text Encode (Prompt)", category="conditioning",
         python_module="nodes",
-        description="Encodes a text prompt using a CLIP model into an embedding that can be used to guide the "
-                    "diffusion model towards generating specific images.",
+        description="Runs the text encoder over a prompt. The result steers sampling toward what the prompt "
+                    "describes (on the positive input) or away from it (on the negative one). `embedding:name` "
+                    "in the text inserts a textual-inversion file from models/embeddings.",
         execute=_clip_text_encode,
         inputs=[
-            Input.string("text", multiline=True, dynamic_prompts=True, tooltip="The text to be encoded."),
-            Input.link("clip", "CLIP", tooltip="The CLIP model used for encoding the text."),
+            Input.string("text", multiline=True, dynamic_prompts=True, tooltip="The prompt."),
+            Input.link("clip", "CLIP", tooltip="Text encoder from Load CLIP."),
         ],
-        outputs=[Output("CONDITIONING", tooltip="A conditioning containing the embedded text used to guide the "
-                                                "diffusion model.")],
+        outputs=[Output("CONDITIONING", tooltip="The encoded prompt, ready for a guider or sampler.")],
         search_aliases=("text prompt", "positive prompt", "negative prompt", "encode text"),
     ),
 ]

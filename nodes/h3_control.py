@@ -8,8 +8,8 @@
   frames, so "regenerate frames 7..14" is one node.
 - MiniMaxH3SaveConditioning / MiniMaxH3LoadConditioning store a prompt's encoded hidden states as a
   safetensors file and feed them back instead of running the text encoder.
-- ImageFromBatch and TrimAudioDuration (ComfyUI's names and inputs) cut the last frames and the last
-  moment of sound of a clip, which the continuation workflows guide the next clip with.
+- ImageFromBatch and TrimAudioDuration (node ids and inputs as ComfyUI names them) take a run of frames
+  and a stretch of sound out of a clip; continuation workflows use the end of one clip to guide the next.
 - GRAPH_CHECKS refuses MiniMaxH3ReferenceToVideo prompts outside the reference limits at validation
   time, where every connected slot is still visible (a slot past an auto-grow group's max is otherwise
   dropped without a word).
@@ -24,13 +24,13 @@ import torch
 
 from execution.errors import node_error
 from execution.paths import atomic_write_bytes
-from nodes.image import (
-    annotated_path, check_image, check_input_file, file_metadata, file_sha256, input_folder, list_input_files,
-    output_target, scale_images,
+from media.audio import check_audio, resample_waveform
+from media.image import check_image, scale_images
+from nodes.files import (
+    annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files, output_target,
 )
 from nodes.latent import check_latent, serialize_safetensors
 from nodes.loaders import check_model, check_vae
-from nodes.media import check_audio, resample_waveform
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 from nodes.vae import encode_frames, encode_waveform
 
@@ -331,30 +331,30 @@ def _load_conditioning_validate(conditioning: Any = None, **_other: Any) -> bool
     return check_input_file("MiniMaxH3LoadConditioning", "conditioning", conditioning)
 
 
-# ---------------------------------------------------------------------- clip helpers (ComfyUI's nodes)
+# ---------------------------------------------------------------------- cutting clips
 def _image_from_batch(image: torch.Tensor, batch_index: int, length: int) -> tuple[torch.Tensor]:
     image = check_image("ImageFromBatch", image)
-    # ComfyUI's rule: the index is clamped into the batch, the length to what is left after it.
-    start = min(int(image.shape[0]) - 1, int(batch_index))
-    count = min(int(image.shape[0]) - start, int(length))
-    return (image[start:start + count].clone(),)
+    available = int(image.shape[0])
+    # An index past the end picks the last frame; a length past the end stops there.
+    first = min(int(batch_index), available - 1)
+    last = min(first + int(length), available)
+    return (image[first:last].clone(),)
 
 
 def _trim_audio_duration(audio: dict, start_index: float, duration: float) -> tuple[dict]:
     node = "TrimAudioDuration"
     audio = check_audio(node, audio)
     waveform, rate = audio["waveform"], int(audio["sample_rate"])
-    total = int(waveform.shape[-1])
-    start = int(round(float(start_index) * rate))
-    if start < 0:  # negative counts back from the end
-        start += total
-    # ComfyUI's clamping: the start stays on a sample of the clip, the end inside it.
-    start = max(0, min(start, total - 1))
-    end = max(0, min(start + int(round(float(duration) * rate)), total))
-    if start >= end:
+    samples = int(waveform.shape[-1])
+    first = int(round(float(start_index) * rate))
+    if first < 0:  # seconds before the end
+        first += samples
+    first = min(max(first, 0), samples - 1)  # on a sample of the clip, whatever was asked
+    stop = min(max(first + int(round(float(duration) * rate)), 0), samples)
+    if first >= stop:
         raise ValueError(f"{node}: start {start_index} s and duration {duration} s select no sound from a clip of "
-                         f"{total / rate:.3f} s")
-    return ({**audio, "waveform": waveform[..., start:end]},)
+                         f"{samples / rate:.3f} s")
+    return ({**audio, "waveform": waveform[..., first:stop]},)
 
 
 # ---------------------------------------------------------------------- reference limits (a graph check)
@@ -386,22 +386,23 @@ _MODULE = "comfy_extras.nodes_minimax_h3"
 NODES = [
     NodeSpec(
         node_id=GUIDE_NODE, display_name="MiniMax H3 Add Guide", category=_CATEGORY, python_module=_MODULE,
-        description="Pins an image (or a short clip) and / or a sound to a frame of the clip: the guide rides in the "
-                    "positive conditioning as condition tokens; the latent and its noise mask are not changed. Chain "
-                    "several to add several guides.",
+        description="Anchors a picture (or a few frames) and / or a sound at one frame of the generated clip. The "
+                    "anchor travels inside the positive conditioning as extra condition tokens; the latent and its "
+                    "noise masks are left alone. Chain the node to place several anchors.",
         execute=add_guide,
         inputs=[
-            Input.link("positive", "CONDITIONING", tooltip="The conditioning to add the guide to."),
-            Input.link("latent", "LATENT", tooltip="The clip's latent (for its size and length; left unchanged)."),
+            Input.link("positive", "CONDITIONING", tooltip="Conditioning that receives the anchor."),
+            Input.link("latent", "LATENT", tooltip="Latent of the clip to generate; only its size and length are "
+                                                   "read."),
             Input.int("frame_idx", 0, min=-9999, max=9999, step=1,
-                      tooltip="Frame the guide starts at; negative counts from the end (-1 is the last frame)."),
-            Input.link("vae", "VAE", optional=True, tooltip="The video VAE (needed for an image guide)."),
-            Input.link("audio_vae", "VAE", optional=True, tooltip="The audio VAE (needed for an audio guide)."),
+                      tooltip="Frame where the anchor begins; -1 is the last frame, -2 the one before, and so on."),
+            Input.link("vae", "VAE", optional=True, tooltip="H3 video VAE; required with an image."),
+            Input.link("audio_vae", "VAE", optional=True, tooltip="H3 audio VAE; required with a sound."),
             Input.link("image", "IMAGE", optional=True,
-                       tooltip="Guide frames: fewer than 5 use the first frame; longer batches are cropped to 17k+5 "
-                               "frames. Scaled and centre-cropped to the clip's size."),
+                       tooltip="Anchor frames. Under 5 frames only the first counts; longer batches keep the "
+                               "largest 17k+5 frame count they hold. Resized and cropped to the clip's size."),
             Input.link("audio", "AUDIO", optional=True,
-                       tooltip="Guide sound, resampled to 32 kHz and cropped so it ends inside the clip."),
+                       tooltip="Anchor sound; converted to 32 kHz and shortened so it stops inside the clip."),
         ],
         outputs=[Output("CONDITIONING", "positive")],
         search_aliases=("guide", "keyframe", "add guide", "video continuation"),
@@ -409,8 +410,8 @@ NODES = [
     NodeSpec(
         node_id="SetLatentNoiseMask", display_name="Set Latent Noise Mask", category="latent/inpaint",
         python_module="nodes",
-        description="Sets the video noise mask: 1 regenerates, 0 keeps. The MASK's batch is time (1 frame for every "
-                    "frame, or one per latent or pixel frame).",
+        description="Marks which parts of the picture are sampled again (1) and which stay as they are (0). The "
+                    "MASK's batch axis is time: one mask for all frames, or one per latent or per pixel frame.",
         execute=_set_latent_noise_mask,
         inputs=[Input.link("samples", "LATENT"), Input.link("mask", "MASK")],
         outputs=[Output("LATENT")],
@@ -477,7 +478,8 @@ NODES = [
     ),
     NodeSpec(
         node_id="ImageFromBatch", display_name="Image From Batch", category="image/batch", python_module="nodes",
-        description="Takes `length` images (frames) starting at `batch_index` out of a batch.",
+        description="Copies `length` frames out of a batch, beginning at frame `batch_index`; both are cut back "
+                    "to what the batch holds.",
         execute=_image_from_batch,
         inputs=[
             Input.link("image", "IMAGE"),
@@ -489,14 +491,15 @@ NODES = [
     NodeSpec(
         node_id="TrimAudioDuration", display_name="Trim Audio Duration", category="audio",
         python_module="comfy_extras.nodes_audio",
-        description="Trims audio to a time range.",
+        description="Keeps `duration` seconds of the sound, beginning `start_index` seconds in; the kept stretch "
+                    "ends early where the sound ends.",
         execute=_trim_audio_duration,
         inputs=[
             Input.link("audio", "AUDIO"),
             Input.float("start_index", 0.0, min=-0xFFFFFFFFFFFFFFFF, max=0xFFFFFFFFFFFFFFFF, step=0.01,
-                        tooltip="Start time in seconds, can be negative to count from the end (supports "
-                                "sub-seconds)."),
-            Input.float("duration", 60.0, min=0.0, step=0.01, tooltip="Duration in seconds"),
+                        tooltip="Where the kept stretch begins, in seconds (fractions allowed); a negative value "
+                                "is measured back from the end."),
+            Input.float("duration", 60.0, min=0.0, step=0.01, tooltip="How many seconds to keep."),
         ],
         outputs=[Output("AUDIO")],
     ),

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from execution.paths import atomic_write_bytes
-from nodes.image import (
-    MAX_RESOLUTION, annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files,
-    output_target,
+from nodes import MAX_RESOLUTION
+from nodes.files import (
+    annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files, output_target,
 )
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
@@ -159,7 +159,8 @@ def _load_latent_validate(latent: Any = None, **_other: Any) -> bool | str:
     return check_input_file("LoadLatent", "latent", latent)
 
 
-def _size(name: str) -> Any:
+def frame_size_input(name: str) -> Any:
+    """The "width" or "height" widget of the H3 video nodes: 1344 x 768 by default, in steps of 32 pixels."""
     return Input.int(name, 1344 if name == "width" else 768, min=32, max=MAX_RESOLUTION, step=32)
 
 
@@ -169,7 +170,7 @@ NODES = [
         python_module="comfy_extras.nodes_minimax_h3",
         description="Joint video+audio latent for MiniMax H3. Duration snaps to the model's 17k+5 frame grid at 24 fps.",
         execute=_empty_latent_av,
-        inputs=[_size("width"), _size("height"), Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP)],
+        inputs=[frame_size_input("width"), frame_size_input("height"), Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP)],
         outputs=[Output("LATENT")],
     ),
     NodeSpec(

@@ -1,13 +1,14 @@
-"""Sampling nodes: noise, sampler choice, schedule, guider, the custom sampler and KSampler.
+"""Sampling nodes: the seed, the stepper, the noise levels, the guider, and the two sampler nodes.
 
-Value types on the wires:
-- NOISE: `Noise` (a seed; `generate_noise(latent)` gives the video and audio noise the sampler adds).
-- SAMPLER: `Sampler` (a stepper name: euler or res_multistep, both flow-matching integrators).
-- SIGMAS: a float32 tensor of video sigmas ending at 0 (the audio sigmas are derived from them).
-- GUIDER: `Guider` (a MODEL with its positive conditioning, and optionally a negative one and a CFG scale).
+What the wires carry:
+- NOISE: a `Noise`, which is a seed; `generate_noise(latent)` draws the picture and sound noise from it.
+- SAMPLER: a `Sampler`, the name of the ODE stepper (euler or res_multistep).
+- SIGMAS: float32 noise levels of the picture stream, falling to 0; the sound stream's follow from them.
+- GUIDER: a `Guider`, a MODEL with the conditioning it follows (and, for CFG, a negative one and a scale).
 
-The H3 models are guidance-distilled: BasicGuider (one forward per step) is how the official workflows
-sample. KSampler with cfg != 1 runs a second forward on the negative conditioning per step.
+The H3 models were distilled to need no classifier-free guidance, so one model call per step
+(BasicGuider, or KSampler at cfg 1) is the intended use; any other cfg adds a call on the negative
+conditioning at every step.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF
 
 
 def model_shifts(model: Any) -> tuple[float, float]:
-    """(video shift, audio shift) of a MODEL: MiniMaxH3SigmaShift's values, else the model config's."""
+    """(picture shift, sound shift) of a MODEL: those set by MiniMaxH3SigmaShift, else its config's."""
     shifts = getattr(model, "h3_shifts", None)
     if shifts is not None:
         return float(shifts[0]), float(shifts[1])
@@ -35,13 +36,13 @@ def model_shifts(model: Any) -> tuple[float, float]:
 
 
 class Noise:
-    """NOISE: the seed of the initial noise (one CPU generator: video first, then audio)."""
+    """NOISE: the seed of the starting noise, drawn on the CPU, picture stream before sound stream."""
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
 
     def generate_noise(self, latent: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(video noise, audio noise) shaped like the latent's two streams."""
+        """(picture noise, sound noise), each of its stream's shape in `latent`."""
         from models.h3.sampling import make_noise
 
         return make_noise(latent, self.seed)
@@ -51,11 +52,11 @@ class Noise:
 
 
 class Sampler:
-    """SAMPLER: the name of a flow-matching stepper."""
+    """SAMPLER: which ODE stepper integrates the flow."""
 
     def __init__(self, name: str) -> None:
         if name not in SAMPLER_NAMES:
-            raise ValueError(f"sampler {name!r} is not supported; choose one of {', '.join(SAMPLER_NAMES)}")
+            raise ValueError(f"sampler {name!r} is not available; the choices are {', '.join(SAMPLER_NAMES)}")
         self.name = name
 
     def __repr__(self) -> str:
@@ -63,7 +64,7 @@ class Sampler:
 
 
 class _GuidedModel:
-    """A model forward that mixes a positive and a negative pass: v = v_neg + cfg * (v_pos - v_neg)."""
+    """Two model calls per step combined by CFG: v = v_neg + cfg * (v_pos - v_neg), per stream."""
 
     def __init__(self, handle: Any, negative: list, cfg: float, frames: int) -> None:
         self.handle = handle
@@ -92,7 +93,7 @@ class _GuidedModel:
 
 
 class Guider:
-    """GUIDER: a MODEL with its conditioning; `sample` runs the flow sampler with it."""
+    """GUIDER: a MODEL and the conditioning it follows; `sample` runs the sampler with them."""
 
     def __init__(self, model: Any, positive: list, negative: list | None = None, cfg: float = 1.0) -> None:
         self.model = model
@@ -102,7 +103,7 @@ class Guider:
 
     def sample(self, noise: Noise | None, latent: dict, sampler: Sampler, sigmas: torch.Tensor, *,
                node: str = "SamplerCustomAdvanced") -> tuple[dict, dict]:
-        """(final LATENT, last denoised estimate as a LATENT); reports progress per step."""
+        """(the sampled LATENT, the model's last clean estimate as a LATENT); progress is reported per step."""
         from models.h3.sampling import sample
 
         latent = check_latent(node, latent, need=("samples", "audio_samples"), name="latent_image")
@@ -157,7 +158,8 @@ def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float)
     from models.h3 import sigmas
 
     if scheduler not in SCHEDULER_NAMES:
-        raise ValueError(f"{node}: scheduler {scheduler!r} is not supported; choose one of {', '.join(SCHEDULER_NAMES)}")
+        raise ValueError(f"{node}: scheduler {scheduler!r} is not available; the choices are "
+                         f"{', '.join(SCHEDULER_NAMES)}")
     video_shift, _ = model_shifts(model)
     try:
         return sigmas(int(steps), float(denoise), shift=video_shift)
@@ -179,7 +181,7 @@ def _sampler_custom_advanced(noise: Noise, guider: Guider, sampler: Sampler, sig
     node = "SamplerCustomAdvanced"
     for value, cls, name in ((noise, Noise, "noise"), (guider, Guider, "guider"), (sampler, Sampler, "sampler")):
         if not isinstance(value, cls):
-            raise TypeError(f"{node}: input '{name}' must be a {name.upper()}, got {type(value).__name__}")
+            raise TypeError(f"{node}: input '{name}' takes a {name.upper()}; got {type(value).__name__}")
     return guider.sample(noise, latent_image, sampler, sigmas, node=node)
 
 
@@ -194,7 +196,7 @@ def _ksampler(model: Any, seed: int, steps: int, cfg: float, sampler_name: str, 
     return (out,)
 
 
-_SEED_TIP = "The random seed used for creating the noise."
+_SEED_TIP = "Seed of the starting noise; the same seed and settings give the same result."
 
 NODES = [
     NodeSpec(
@@ -206,15 +208,16 @@ NODES = [
     NodeSpec(
         node_id="KSamplerSelect", display_name="KSamplerSelect", category="sampling/custom_sampling/samplers",
         python_module="comfy_extras.nodes_custom_sampler", execute=_ksampler_select,
-        description="Picks the stepper: euler (first order) or res_multistep (second-order multistep); both "
-                    "integrate the flow-matching ODE of the H3 models.",
+        description="Chooses how the H3 flow ODE is stepped: euler (first order) or res_multistep (second order, "
+                    "reusing the previous step).",
         inputs=[Input.combo("sampler_name", list(SAMPLER_NAMES), "euler")],
         outputs=[Output("SAMPLER")],
     ),
     NodeSpec(
         node_id="BasicScheduler", display_name="BasicScheduler", category="sampling/custom_sampling/schedulers",
         python_module="comfy_extras.nodes_custom_sampler", execute=_basic_scheduler,
-        description="The 'simple' schedule of the model's shifted flow sigmas (steps + 1 values ending at 0).",
+        description="Noise levels for `steps` steps: steps + 1 values falling to 0, spaced evenly in time and then "
+                    "shifted by the model's shift.",
         inputs=[
             Input.link("model", "MODEL"),
             Input.combo("scheduler", list(SCHEDULER_NAMES), "simple"),
@@ -232,7 +235,7 @@ NODES = [
     NodeSpec(
         node_id="SamplerCustomAdvanced", display_name="SamplerCustomAdvanced", category="sampling/custom_sampling",
         python_module="comfy_extras.nodes_custom_sampler", execute=_sampler_custom_advanced,
-        description="Denoises the latent (both H3 streams) along the sigmas with the guider's model.",
+        description="Samples both streams of the H3 latent, stepping through the sigmas with the guider's model.",
         inputs=[
             Input.link("noise", "NOISE"), Input.link("guider", "GUIDER"), Input.link("sampler", "SAMPLER"),
             Input.link("sigmas", "SIGMAS"), Input.link("latent_image", "LATENT"),
@@ -241,24 +244,28 @@ NODES = [
     ),
     NodeSpec(
         node_id="KSampler", display_name="KSampler", category="sampling", python_module="nodes",
-        description="Uses the provided model, positive and negative conditioning to denoise the latent image.",
+        description="Samples a latent in one node: seed, steps, stepper and schedule as widgets, the prompt on "
+                    "positive and, when cfg is not 1, the prompt to avoid on negative.",
         execute=_ksampler,
         inputs=[
-            Input.link("model", "MODEL", tooltip="The model used for denoising the input latent."),
+            Input.link("model", "MODEL", tooltip="Diffusion model that predicts each step."),
             Input.int("seed", 0, min=0, max=SEED_MAX, control_after_generate=True, tooltip=_SEED_TIP),
-            Input.int("steps", 20, min=1, max=10000, tooltip="The number of steps used in the denoising process."),
+            Input.int("steps", 20, min=1, max=10000, tooltip="How many model steps to take from noise to result."),
             Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                        tooltip="The Classifier-Free Guidance scale; 1.0 runs one forward per step (the H3 models "
-                                "are guidance-distilled)."),
+                        tooltip="Classifier-free guidance scale. At 1.0 the negative prompt is unused and each step "
+                                "is one model call, which suits the distilled H3 models."),
             Input.combo("sampler_name", list(SAMPLER_NAMES), "euler",
-                        tooltip="The algorithm used when sampling."),
+                        tooltip="ODE stepper; see KSamplerSelect."),
             Input.combo("scheduler", list(SCHEDULER_NAMES), "simple",
-                        tooltip="The scheduler controls how noise is gradually removed to form the image."),
-            Input.link("positive", "CONDITIONING", tooltip="The conditioning describing what to include."),
-            Input.link("negative", "CONDITIONING", tooltip="The conditioning describing what to exclude."),
-            Input.link("latent_image", "LATENT", tooltip="The latent to denoise."),
-            Input.float("denoise", 1.0, min=0.0, max=1.0, step=0.01, tooltip="The amount of denoising applied."),
+                        tooltip="How the noise levels are spaced over the steps."),
+            Input.link("positive", "CONDITIONING", tooltip="Encoded prompt the result should follow."),
+            Input.link("negative", "CONDITIONING", tooltip="Encoded prompt the result should move away from (used "
+                                                           "only when cfg is not 1)."),
+            Input.link("latent_image", "LATENT", tooltip="Starting latent; its size and length set the output's."),
+            Input.float("denoise", 1.0, min=0.0, max=1.0, step=0.01,
+                        tooltip="Share of the noise schedule to run: 1.0 starts from pure noise, lower values keep "
+                                "more of the starting latent."),
         ],
-        outputs=[Output("LATENT", tooltip="The denoised latent.")],
+        outputs=[Output("LATENT", tooltip="The sampled latent.")],
     ),
 ]

@@ -1,8 +1,8 @@
-"""VAE nodes: pixels <-> the video half of an H3 latent, waveforms <-> its audio half.
+"""VAE nodes: frames to and from the picture stream of an H3 latent, sound to and from its sound stream.
 
-VAEDecode on a joint audio-video LATENT decodes the video stream (`samples`); VAEDecodeAudio decodes
-the audio stream (`audio_samples`). The encoders produce one stream each: VAEEncode a video LATENT
-(`samples`), VAEEncodeAudio an audio LATENT (`audio_samples`).
+An H3 LATENT may hold both streams: `samples` (picture) and `audio_samples` (sound). VAEDecode reads the
+first, VAEDecodeAudio the second; VAEEncode writes a LATENT with only `samples`, VAEEncodeAudio one with
+only `audio_samples`.
 """
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from nodes.image import check_image
+from media.audio import check_audio, match_channels, resample_waveform
+from media.image import check_image
 from nodes.latent import check_latent
 from nodes.loaders import check_vae
-from nodes.media import check_audio, match_channels, resample_waveform
 from nodes.spec import Input, NodeSpec, Output
 
 
 def encode_frames(node: str, vae: Any, frames: torch.Tensor, name: str = "pixels") -> torch.Tensor:
-    """IMAGE frames (T, H, W, C) as one clip -> normalised video latent (1, 24, T', H/16, W/16)."""
+    """Frames (T, H, W, C) of one clip encoded by the video VAE: a normalised latent (1, 24, T', H/16, W/16)."""
     frames = check_image(node, frames, name)
     try:
         return vae.model.encode(frames[..., :3])
@@ -27,7 +27,7 @@ def encode_frames(node: str, vae: Any, frames: torch.Tensor, name: str = "pixels
 
 
 def encode_waveform(node: str, vae: Any, audio: dict, name: str = "audio") -> torch.Tensor:
-    """AUDIO -> normalised audio latent (B, 32, 2, T): resampled to the VAE's rate, made stereo."""
+    """AUDIO encoded by the audio VAE after conversion to its rate and to stereo: a latent (B, 32, 2, T)."""
     audio = check_audio(node, audio, name)
     rate = vae.audio_sample_rate
     waveform = resample_waveform(audio["waveform"].float(), int(audio["sample_rate"]), rate)
@@ -53,7 +53,7 @@ def _vae_decode(samples: dict, vae: Any) -> tuple[torch.Tensor]:
         frames = vae.model.decode(latent)  # (B, T, H, W, 3) float32
     except ValueError as exc:
         raise ValueError(f"VAEDecode: {exc}") from None
-    # A view: batches of clips become one run of frames, as ComfyUI's IMAGE holds them.
+    # IMAGE has no clip axis: the clips of the batch are laid end to end (a reshape, no copy).
     return (frames.reshape(-1, *frames.shape[2:]),)
 
 
@@ -61,9 +61,10 @@ def _vae_decode_tiled(samples: dict, vae: Any, tile_size: int = 512, overlap: in
                       temporal_overlap: int = 8) -> tuple[torch.Tensor]:
     vae = check_vae("VAEDecodeTiled", vae, "video")
     latent = check_latent("VAEDecodeTiled", samples)["samples"]
-    # H3's decoder was trained on 256 px windows (RoPE positions are relative to the window): larger tiles
-    # are capped. The overlap follows ComfyUI's rule (at most a quarter of the tile) in whole 16 px steps.
-    # Time is decoded in H3's own clips, so temporal_size / temporal_overlap do not apply to it.
+    # The decoder's attention positions are relative to a window of the size it was trained on, so no
+    # tile may exceed that window. An overlap above a quarter of the tile is cut to a quarter, then to
+    # whole latent cells (16 px). Time is always split into the decoder's own clips, so the temporal
+    # inputs have nothing to set.
     window = int(vae.model.config.tile_size)
     tile = max(16, min(int(tile_size), window) // 16 * 16)
     overlap = int(overlap)
@@ -91,7 +92,7 @@ def _vae_decode_audio(samples: dict, vae: Any) -> tuple[dict]:
         raise ValueError(f"VAEDecodeAudio: {exc}") from None
     rate = vae.audio_sample_rate
     if latent.get("length") and latent.get("frame_rate"):
-        # The audio latent covers whole 25 ms frames; the clip lasts exactly length / frame_rate seconds.
+        # The latent spans whole 25 ms steps, so it decodes a little long: cut to length / frame_rate seconds.
         samples_wanted = round(float(latent["length"]) / float(latent["frame_rate"]) * rate)
         waveform = waveform[..., :samples_wanted]
     return ({"waveform": waveform, "sample_rate": rate},)
@@ -100,25 +101,25 @@ def _vae_decode_audio(samples: dict, vae: Any) -> tuple[dict]:
 NODES = [
     NodeSpec(
         node_id="VAEEncode", display_name="VAE Encode", category="latent", python_module="nodes",
-        description="Encodes images (one clip, frames in order) into the video stream of an H3 latent.",
+        description="Turns frames, read as one clip in order, into the picture stream of an H3 latent.",
         execute=_vae_encode,
         inputs=[Input.link("pixels", "IMAGE"), Input.link("vae", "VAE")],
         outputs=[Output("LATENT")],
     ),
     NodeSpec(
         node_id="VAEDecode", display_name="VAE Decode", category="latent", python_module="nodes",
-        description="Decodes latent images back into pixel space images (the video stream of an H3 latent), in "
-                    "256-pixel tiles. A lone latent frame (a single image) is decoded as the start of a short clip "
-                    "and its first frame kept, which costs a short clip's decode.",
+        description="Turns the picture stream of an H3 latent into frames, working in 256-pixel tiles. A latent "
+                    "with a single frame (one image) is decoded as the opening of a short clip, of which only the "
+                    "first frame is kept, so one image costs as much as a short clip.",
         execute=_vae_decode,
-        inputs=[Input.link("samples", "LATENT", tooltip="The latent to be decoded."),
-                Input.link("vae", "VAE", tooltip="The VAE model used for decoding the latent.")],
-        outputs=[Output("IMAGE", tooltip="The decoded image.")],
+        inputs=[Input.link("samples", "LATENT", tooltip="Latent whose picture stream becomes frames."),
+                Input.link("vae", "VAE", tooltip="The H3 video VAE.")],
+        outputs=[Output("IMAGE", tooltip="The frames, every clip of the batch in turn.")],
     ),
     NodeSpec(
         node_id="VAEEncodeAudio", display_name="VAE Encode Audio", category="latent/audio",
         python_module="comfy_extras.nodes_audio",
-        description="Encodes audio (resampled to 32 kHz stereo) into the audio stream of an H3 latent.",
+        description="Turns sound into the sound stream of an H3 latent; it is first converted to 32 kHz stereo.",
         execute=_vae_encode_audio,
         inputs=[Input.link("audio", "AUDIO"), Input.link("vae", "VAE")],
         outputs=[Output("LATENT")],
@@ -126,33 +127,32 @@ NODES = [
     NodeSpec(
         node_id="VAEDecodeAudio", display_name="VAE Decode Audio", category="latent/audio",
         python_module="comfy_extras.nodes_audio",
-        description="Decodes the audio stream of an H3 latent to a 32 kHz stereo waveform.",
+        description="Turns the sound stream of an H3 latent into a 32 kHz stereo waveform.",
         execute=_vae_decode_audio,
         inputs=[Input.link("samples", "LATENT"), Input.link("vae", "VAE")],
         outputs=[Output("AUDIO")],
     ),
     NodeSpec(
         node_id="VAEDecodeTiled", display_name="VAE Decode (Tiled)", category="_for_testing", python_module="nodes",
-        description=("Decodes the video stream of an H3 latent in overlapping spatial tiles blended into one output, "
-                     "up to 4 tiles per decoder call as free device memory allows (fewer after an out-of-memory "
-                     "error; the pixels do not change). VAE Decode takes the same path with 256 px tiles. A single "
-                     "latent frame (an image) is decoded as the start of a short 2-latent clip and only its first "
-                     "frame is kept, so one image costs a short clip's decode."),
+        description=("Turns the picture stream of an H3 latent into frames tile by tile; neighbouring tiles overlap "
+                     "and are blended. Up to 4 tiles go through the decoder at once when device memory allows, fewer "
+                     "after running out of memory, with the same pixels either way. VAE Decode is this node with "
+                     "256 px tiles. A single latent frame (an image) is decoded as the opening of a short clip "
+                     "of 2 latent frames and only the first frame is kept, so one image costs a short clip."),
         execute=_vae_decode_tiled,
         inputs=[
             Input.link("samples", "LATENT"), Input.link("vae", "VAE"),
             Input.int("tile_size", 512, min=64, max=4096, step=32,
-                      tooltip="Spatial tile in pixels. H3 decodes in tiles of at most 256 px, the window its decoder "
-                              "was trained on; larger values use 256."),
+                      tooltip="Tile side in pixels, at most 256: the H3 decoder's training window. A larger value "
+                              "acts as 256."),
             Input.int("overlap", 64, min=0, max=4096, step=32,
-                      tooltip="Least overlap between tiles in pixels (at most a quarter of the tile); overlaps are "
-                              "blended linearly and any leftover is spread over the seams in 16 px steps."),
+                      tooltip="Smallest overlap of neighbouring tiles in pixels, capped at a quarter of the tile. "
+                              "Overlaps are cross-faded; spare pixels widen the seams in 16 px steps."),
             Input.int("temporal_size", 64, min=8, max=4096, step=4,
-                      tooltip="Only used for video VAEs: Amount of frames to decode at a time. H3 decodes time in "
-                              "its own 17-frame clips (5 frames blended between clips), whatever this says."),
+                      tooltip="Has no effect with H3: its decoder always works through time in clips of 17 "
+                              "frames, cross-fading 5 frames between clips."),
             Input.int("temporal_overlap", 8, min=4, max=4096, step=4,
-                      tooltip="Only used for video VAEs: Amount of frames to overlap. H3 blends its clips over "
-                              "5 frames, whatever this says."),
+                      tooltip="Has no effect with H3: its clips always overlap by 5 frames."),
         ],
         outputs=[Output("IMAGE")],
     ),

@@ -140,7 +140,7 @@ def get_save_image_path(filename_prefix: str, output_dir: str, image_width: int 
 
     The caller writes `f"{stem}_{counter:05}_.png"` into the folder. The prefix's subfolder is confined
     to `output_dir`; %width%, %height% and the date tokens are expanded."""
-    from nodes.image import expand_prefix
+    from nodes.files import expand_prefix
 
     filename_prefix = expand_prefix(filename_prefix, width=image_width, height=image_height)
     prefix_path = PurePosixPath(filename_prefix)

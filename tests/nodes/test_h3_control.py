@@ -20,7 +20,7 @@ from execution.convert import ui_to_api
 from execution.errors import PromptError
 from models.h3 import packing
 from nodes.h3_control import frame_range_masks, guide_frame_count, reference_count_problem
-from nodes.media import write_audio_file
+from media.audio import write_flac as write_audio_file
 from tests.nodes.test_h3_nodes import (  # noqa: F401 (configured_paths is a fixture)
     H3Env, configured_paths, install, mp4_streams, probe, t2va_prompt, tiny_weights,
 )

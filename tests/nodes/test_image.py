@@ -8,6 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
+import media.image as image_media
+import nodes.files as node_files
 import nodes.image as image_nodes
 from execution.context import RunContext, activate, deactivate
 from execution.paths import Paths, UnsafePathError
@@ -68,12 +70,12 @@ def test_load_image_counts_pixels_over_all_frames_before_decoding(ctx, monkeypat
     frames[0].save(ctx.paths.input / "bomb.gif", save_all=True, append_images=frames[1:])
     assert (ctx.paths.input / "bomb.gif").stat().st_size < 200_000
     decoded = []
-    monkeypatch.setattr(image_nodes, "_frame_rgb", lambda frame: decoded.append(frame) or None)
+    monkeypatch.setattr(image_media, "_rgb_plane", lambda frame: decoded.append(frame) or None)
     with pytest.raises(ValueError, match=r"LoadImage: .*'bomb.gif'.*80 frame\(s\) of 1000x1000.*64 MP"):
         run("LoadImage", image="bomb.gif")
     assert decoded == []  # refused before any frame was decoded
-    monkeypatch.setattr(image_nodes, "MAX_DECODE_FRAMES", 50)
-    monkeypatch.setattr(image_nodes, "MAX_DECODE_PIXELS", 10**12)
+    monkeypatch.setattr(image_media, "MAX_DECODE_FRAMES", 50)
+    monkeypatch.setattr(image_media, "MAX_DECODE_PIXELS", 10**12)
     with pytest.raises(ValueError, match="has 80 frames; at most 50"):
         run("LoadImage", image="bomb.gif")
 
@@ -163,8 +165,8 @@ def test_save_image_writes_numbered_pngs_with_metadata(ctx):
 
 def test_save_image_drops_metadata_over_the_cap_and_says_so(ctx, caplog):
     """A prompt bigger than the 1 MB cap is left out of the PNG (the small workflow stays); a warning says so."""
-    huge = {"1": {"class_type": "SaveImage", "inputs": {"note": "x" * (image_nodes.MAX_EMBEDDED_METADATA_BYTES + 10)}}}
-    with caplog.at_level("WARNING", logger="nodes.image"):
+    huge = {"1": {"class_type": "SaveImage", "inputs": {"note": "x" * (node_files.MAX_EMBEDDED_METADATA_BYTES + 10)}}}
+    with caplog.at_level("WARNING", logger="nodes.files"):
         out = run("SaveImage", images=torch.zeros(1, 8, 8, 3), filename_prefix="big", prompt=huge,
                   extra_pnginfo={"workflow": {"nodes": []}})
     path = ctx.paths.output / out.ui["images"][0]["filename"]

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-import nodes.media as media
+import media.video as media
 from execution.context import ExecutionInterrupted, RunContext, activate, deactivate
 from execution.paths import Paths, UnsafePathError
+from nodes.media import NODES
 from web.object_info import node_info
 
-SPECS = {spec.node_id: spec for spec in media.NODES}
+SPECS = {spec.node_id: spec for spec in NODES}
 SR = media.MP4_AUDIO_SAMPLE_RATE_HZ
 
 
@@ -169,12 +170,6 @@ def test_save_video_interrupted_leaves_no_partial_file(tmp_path):
     assert [p for p in context.paths.output.rglob("*") if p.is_file()] == []
 
 
-def test_missing_encoder_is_refused_clearly():
-    with pytest.raises(ValueError, match="no H.265 encoder.*not_a_codec"):
-        media.pick_encoder("H.265", ("not_a_codec",))
-    assert media.h264_encoder() in ("libx264", "h264") and media.aac_encoder() in ("aac", "libfdk_aac")
-
-
 # ---------------------------------------------------------------------- components, LoadVideo
 def test_get_video_components():
     audio = sine(0.5, SR)
@@ -308,21 +303,6 @@ def test_preview_audio_goes_to_temp(ctx):
     assert entry["type"] == "temp" and (ctx.paths.temp / entry["filename"]).is_file()
     with pytest.raises(ValueError, match="PreviewAudio"):
         run("PreviewAudio", audio=None)
-
-
-def test_resampling_and_channel_helpers():
-    audio = sine(0.5, 44100, channels=1, freq=300.0)
-    out = media.resample_audio(audio, SR)
-    assert out["sample_rate"] == SR and out["waveform"].shape == (1, 1, SR // 2)
-    t = torch.arange(SR // 2) / SR
-    ideal = 0.5 * torch.sin(2 * math.pi * 300.0 * t)
-    assert (out["waveform"][0, 0, 200:-200] - ideal[200:-200]).abs().max() < 1e-3
-    stereo = media.match_channels(out["waveform"], 2)
-    assert stereo.shape == (1, 2, SR // 2) and torch.equal(stereo[0, 0], stereo[0, 1])
-    assert media.match_channels(stereo, 1).shape == (1, 1, SR // 2)
-    with pytest.raises(ValueError, match="6 channels"):
-        media.match_channels(torch.zeros(6, 10), 2, node="SaveVideo")
-    assert media.fit_length(torch.ones(2, 5), 8).tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]] * 2
 
 
 def test_declarations_match_comfyui():

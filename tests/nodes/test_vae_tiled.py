@@ -6,7 +6,7 @@ import torch
 
 from models.h3.make_tiny import build_tiny
 from nodes import vae as vae_nodes
-from nodes.loaders import VAE
+from models.components import VAE
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from execution.context import current
+from media.image import center_crop, resize_planes
 
 PROGRESS_BAR_ENABLED = True
 _SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -67,31 +67,21 @@ def save_torch_file(sd: dict[str, torch.Tensor], ckpt: str | Path, metadata: dic
 
 
 def common_upscale(samples: torch.Tensor, width: int, height: int, upscale_method: str, crop: str) -> torch.Tensor:
-    """Resize (B, C, H, W) samples (images or latents) to height x width, center-cropping to the aspect first
-    when `crop` is 'center'. Methods: nearest-exact, bilinear, area, bicubic; lanczos for images in 0..1."""
+    """(B, C, H, W) images or latents resized to (B, C, height, width) by `media.image.resize_planes`.
+
+    With crop "center" the planes are first cut to the target's aspect ratio. Lanczos output is clamped
+    to 0..1, since only images (never latents) go through it."""
     if samples.dim() != 4:
-        raise ValueError(f"common_upscale: expected samples (B, C, H, W), got shape {tuple(samples.shape)}")
+        raise ValueError(f"common_upscale: samples should be (B, C, H, W); got shape {tuple(samples.shape)}")
     if width < 1 or height < 1:
         raise ValueError(f"common_upscale: target size {width}x{height} must be at least 1x1")
     if crop == "center":
-        old_h, old_w = samples.shape[2], samples.shape[3]
-        old_aspect, new_aspect = old_w / old_h, width / height
-        x = y = 0
-        if old_aspect > new_aspect:
-            x = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
-        elif old_aspect < new_aspect:
-            y = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
-        samples = samples.narrow(-2, y, old_h - 2 * y).narrow(-1, x, old_w - 2 * x)
-    if upscale_method == "lanczos":
-        from nodes.image import scale_images  # PIL's lanczos works on 8-bit images, as in ComfyUI
-
-        return scale_images(samples.movedim(1, -1), width, height, "lanczos").movedim(-1, 1)
-    if upscale_method not in ("nearest-exact", "bilinear", "area", "bicubic"):
-        raise ValueError(f"common_upscale: unknown upscale method {upscale_method!r}; expected nearest-exact, "
-                         "bilinear, area, bicubic or lanczos")
-    kwargs = {"align_corners": False} if upscale_method in ("bilinear", "bicubic") else {}
-    out = F.interpolate(samples.float(), size=(height, width), mode=upscale_method, **kwargs)
-    return out.to(samples.dtype)
+        samples = center_crop(samples, width, height)
+    try:
+        out = resize_planes(samples, width, height, upscale_method)
+    except ValueError as exc:
+        raise ValueError(f"common_upscale: {exc}") from None
+    return out.clamp(0, 1) if upscale_method == "lanczos" else out
 
 
 def repeat_to_batch_size(tensor: torch.Tensor, batch_size: int, dim: int = 0) -> torch.Tensor:

@@ -1,0 +1,420 @@
+"""VIDEO values and MP4 writing.
+
+Every VIDEO is a `Video`: `VideoComponents` keeps frames (T, H, W, C) in 0..1 in memory with an optional
+AUDIO and an exact frame rate; `VideoFile` probes a file at once and decodes frames only when asked;
+`VideoConcat` plays several clips back to back. They share the interface ComfyUI node packs call
+(`get_components()`, `get_dimensions()`, `get_frame_count()`, `get_frame_rate()`, `get_audio()`,
+`save_to(path)`), plus `iter_frame_chunks(n)`, which lets the writer stream frames.
+
+`write_mp4` stores H.264 picture and AAC stereo sound at 32 kHz, the sound format of the H3 models. It
+converts a few frames at a time straight from the source, so a long clip is never copied whole, and
+the file appears under its name only once it is complete.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import av
+import numpy as np
+import torch
+
+from media.audio import available_encoder, check_audio, decode_audio, fit_length, match_channels, resample_waveform
+from media.image import check_image
+from media.staging import staged_file
+
+MP4_AUDIO_SAMPLE_RATE_HZ = 32000
+MP4_AUDIO_CHANNELS = 2
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac")
+VIDEO_FORMATS = ("auto", "mp4")
+VIDEO_CODECS = ("auto", "h264")
+FRAMES_PER_CHUNK = 16  # frames turned into 8- or 16-bit pixels per step of the writer
+FRAME_RATE_MAX_DENOMINATOR = 1001  # NTSC rates such as 24000/1001 stay exact when given as floats
+_H264_ENCODERS = ("libx264", "h264")  # "h264" is whatever H.264 encoder the FFmpeg build defaults to
+_AAC_ENCODERS = ("aac", "libfdk_aac")
+_DEEP_PIXEL_TAGS = ("p10", "p12", "p16", "10le", "12le", "16le")  # pixel formats above 8 bits per sample
+
+
+def pick_encoder(label: str, candidates: Sequence[str]) -> str:
+    """The first of `candidates` this PyAV build can encode with; a ValueError naming them all otherwise."""
+    return available_encoder(label, tuple(candidates))
+
+
+def h264_encoder() -> str:
+    """The H.264 encoder MP4 files are written with."""
+    return pick_encoder("H.264", _H264_ENCODERS)
+
+
+def aac_encoder() -> str:
+    """The AAC encoder MP4 sound is written with."""
+    return pick_encoder("AAC", _AAC_ENCODERS)
+
+
+def as_frame_rate(value: Any) -> Fraction:
+    """A positive, finite frame rate as an exact Fraction; floats snap to the nearest x/1001 or simpler."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, np.number)):
+        raise TypeError(f"a frame rate is a number, not {value!r}")
+    if not math.isfinite(float(value)) or value <= 0:
+        raise ValueError(f"a frame rate must be finite and above 0, not {value!r}")
+    if isinstance(value, (int, Fraction)):
+        rate = Fraction(value)
+    else:
+        rate = Fraction(float(value)).limit_denominator(FRAME_RATE_MAX_DENOMINATOR)
+    if rate <= 0:  # a float close enough to 0 snaps to 0
+        raise ValueError(f"frame rate {value!r} is too close to 0")
+    return rate
+
+
+def _audio_nbytes(audio: dict | None) -> int:
+    return 0 if audio is None else audio["waveform"].element_size() * audio["waveform"].nelement()
+
+
+class Video(abc.ABC):
+    """What a VIDEO wire carries; see the module docstring for the three kinds."""
+
+    bit_depth: int = 8
+
+    @abc.abstractmethod
+    def get_components(self) -> "VideoComponents":
+        """Every frame in memory, with the sound and the frame rate."""
+
+    @abc.abstractmethod
+    def get_dimensions(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+
+    @abc.abstractmethod
+    def get_frame_count(self) -> int:
+        """How many pictures the video has."""
+
+    @abc.abstractmethod
+    def get_frame_rate(self) -> Fraction:
+        """Pictures per second, exact."""
+
+    @abc.abstractmethod
+    def get_audio(self) -> dict | None:
+        """The sound as AUDIO, or None when the video is silent."""
+
+    @abc.abstractmethod
+    def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
+        """The frames in order as (t, H, W, C) tensors in 0..1, at most `frames_per_chunk` per tensor."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory this value keeps alive (counted by the RAM-bounded output cache)."""
+        return 0
+
+    def get_duration(self) -> float:
+        """Seconds of picture."""
+        return self.get_frame_count() / float(self.get_frame_rate())
+
+    def save_to(self, path: str | os.PathLike, *, format: str = "auto", codec: str = "auto",
+                metadata: dict[str, Any] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> None:
+        """Write this video as an MP4 file at `path` (see `write_mp4`)."""
+        if format not in VIDEO_FORMATS:
+            raise ValueError(f"video format {format!r} cannot be written; the choices are {VIDEO_FORMATS}")
+        write_mp4(Path(path), self, codec=codec, metadata=metadata, progress=progress)
+
+
+@dataclass(eq=False)  # compared by identity: `==` on tensors would compare element by element
+class VideoComponents(Video):
+    """A video in memory: its frames, its sound (or None) and its frame rate."""
+
+    images: torch.Tensor  # (T, H, W, C) float, 0..1
+    audio: dict | None = None  # AUDIO
+    frame_rate: Fraction = Fraction(24)
+    bit_depth: int = 8  # 8 or 10: the H.264 sample depth used when written
+
+    def __post_init__(self):
+        check_image("VIDEO", self.images, "images")
+        self.frame_rate = as_frame_rate(self.frame_rate)
+        if self.audio is not None:
+            check_audio("VIDEO", self.audio)
+        if self.bit_depth not in (8, 10):
+            raise ValueError(f"VIDEO: the bit depth is 8 or 10, not {self.bit_depth!r}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.element_size() * self.images.nelement() + _audio_nbytes(self.audio)
+
+    def get_components(self) -> "VideoComponents":
+        return self
+
+    def get_dimensions(self) -> tuple[int, int]:
+        return int(self.images.shape[2]), int(self.images.shape[1])
+
+    def get_frame_count(self) -> int:
+        return int(self.images.shape[0])
+
+    def get_frame_rate(self) -> Fraction:
+        return self.frame_rate
+
+    def get_audio(self) -> dict | None:
+        return self.audio
+
+    def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
+        for first in range(0, self.images.shape[0], frames_per_chunk):
+            yield self.images[first:first + frames_per_chunk]  # slices share the frames' storage
+
+
+def _frames_to_float(frames: np.ndarray) -> torch.Tensor:
+    full_scale = 65535.0 if frames.dtype == np.uint16 else 255.0
+    return torch.from_numpy(frames.astype(np.float32)) / full_scale
+
+
+class VideoFile(Video):
+    """A video file: size, rate and length are read from its header now, pictures when they are needed."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            with av.open(str(self.path)) as container:
+                if not container.streams.video:
+                    raise ValueError(f"video file {self.path.name!r} holds no picture track")
+                track = container.streams.video[0]
+                self._width = int(track.codec_context.width)
+                self._height = int(track.codec_context.height)
+                stated = track.average_rate or track.guessed_rate or track.base_rate
+                self._frame_rate = as_frame_rate(Fraction(stated) if stated else Fraction(24))
+                self._frames = int(track.frames or 0)  # 0 when the container does not record it
+                self._has_audio = bool(container.streams.audio)
+                pix_fmt = track.codec_context.pix_fmt or ""
+                self.bit_depth = 10 if any(tag in pix_fmt for tag in _DEEP_PIXEL_TAGS) else 8
+        except av.FFmpegError as exc:
+            raise ValueError(f"cannot read video file {self.path.name!r}: {exc}") from exc
+        self._audio: dict | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return _audio_nbytes(self._audio)  # the pictures stay on disk
+
+    def get_dimensions(self) -> tuple[int, int]:
+        return self._width, self._height
+
+    def get_frame_rate(self) -> Fraction:
+        return self._frame_rate
+
+    def get_frame_count(self) -> int:
+        if self._frames <= 0:
+            self._frames = sum(chunk.shape[0] for chunk in self.iter_frame_chunks(64))
+        return self._frames
+
+    def get_audio(self) -> dict | None:
+        if self._has_audio and self._audio is None:
+            self._audio = decode_audio(self.path)
+        return self._audio
+
+    def _decoded_frames(self) -> Iterator[np.ndarray]:
+        """Each picture as packed RGB integers (8- or 16-bit, following the file's depth)."""
+        packing = "rgb48le" if self.bit_depth > 8 else "rgb24"
+        with av.open(str(self.path)) as container:
+            track = container.streams.video[0]
+            track.thread_type = "AUTO"
+            for frame in container.decode(track):
+                yield frame.to_ndarray(format=packing)
+
+    def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
+        pending: list[np.ndarray] = []
+        for frame in self._decoded_frames():
+            pending.append(frame)
+            if len(pending) == frames_per_chunk:
+                yield _frames_to_float(np.stack(pending))
+                pending = []
+        if pending:
+            yield _frames_to_float(np.stack(pending))
+
+    def get_components(self) -> VideoComponents:
+        # Decoded pictures stay 8/16-bit until the one float tensor is filled, so only one float copy exists.
+        frames = list(self._decoded_frames())
+        if not frames:
+            raise ValueError(f"video file {self.path.name!r} holds no decodable pictures")
+        images = torch.empty((len(frames),) + frames[0].shape, dtype=torch.float32)
+        for index, frame in enumerate(frames):
+            images[index] = _frames_to_float(frame)
+        self._frames = len(frames)
+        return VideoComponents(images=images, audio=self.get_audio(), frame_rate=self._frame_rate,
+                               bit_depth=self.bit_depth)
+
+
+class VideoConcat(Video):
+    """Clips of one size and frame rate played back to back; nothing is decoded or copied until asked for."""
+
+    def __init__(self, clips: Sequence[Video], *, audio: dict | None = None, codec: str = "auto"):
+        if not clips:
+            raise ValueError("there are no clips to join")
+        size, rate = clips[0].get_dimensions(), clips[0].get_frame_rate()
+        for number, clip in enumerate(clips[1:], start=2):
+            other_size, other_rate = clip.get_dimensions(), clip.get_frame_rate()
+            if other_size != size:
+                raise ValueError(f"clip {number} is {other_size[0]}x{other_size[1]} but clip 1 is "
+                                 f"{size[0]}x{size[1]}; joined clips must share one size")
+            if other_rate != rate:
+                raise ValueError(f"clip {number} runs at {float(other_rate):g} fps but clip 1 at "
+                                 f"{float(rate):g} fps; joined clips must share one frame rate")
+        if audio is not None:
+            check_audio("VIDEO", audio, "complete_audio")
+        self.clips = list(clips)
+        self.audio_override = audio
+        self.codec = codec
+        self.bit_depth = max(clip.bit_depth for clip in self.clips)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(clip.nbytes for clip in self.clips) + _audio_nbytes(self.audio_override)
+
+    def get_dimensions(self) -> tuple[int, int]:
+        return self.clips[0].get_dimensions()
+
+    def get_frame_rate(self) -> Fraction:
+        return self.clips[0].get_frame_rate()
+
+    def get_frame_count(self) -> int:
+        return sum(clip.get_frame_count() for clip in self.clips)
+
+    def get_audio(self) -> dict | None:
+        if self.audio_override is not None:
+            return self.audio_override
+        tracks = [clip.get_audio() for clip in self.clips]
+        sounding = [track for track in tracks if track is not None]
+        if not sounding:
+            return None
+        rate = int(sounding[0]["sample_rate"])
+        channels = max(int(track["waveform"].shape[1]) for track in sounding)
+        parts = []
+        for clip, track in zip(self.clips, tracks):
+            # Each part lasts exactly as long as its clip's pictures, silent or not, so the sound of
+            # later clips starts with their first frame.
+            span = int(round(clip.get_duration() * rate))
+            if track is None:
+                parts.append(torch.zeros((1, channels, span)))
+                continue
+            waveform = match_channels(track["waveform"][:1].float().cpu(), channels, node="VIDEO")
+            waveform = resample_waveform(waveform, int(track["sample_rate"]), rate)
+            parts.append(fit_length(waveform, span))
+        return {"waveform": torch.cat(parts, dim=-1), "sample_rate": rate}
+
+    def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
+        for clip in self.clips:
+            yield from clip.iter_frame_chunks(frames_per_chunk)
+
+    def get_components(self) -> VideoComponents:
+        images = torch.cat([clip.get_components().images for clip in self.clips], dim=0)
+        return VideoComponents(images=images, audio=self.get_audio(), frame_rate=self.get_frame_rate(),
+                               bit_depth=self.bit_depth)
+
+
+def check_video(node: str, video: Any, name: str = "video") -> Video:
+    """`video` when it is a VIDEO; a TypeError naming the node and input otherwise."""
+    if not isinstance(video, Video):
+        raise TypeError(f"{node}: input '{name}' takes a VIDEO; got {type(video).__name__}")
+    return video
+
+
+# ---------------------------------------------------------------------- MP4
+def _rgb_pixels(chunk: torch.Tensor, bit_depth: int, extra_row: int, extra_col: int) -> np.ndarray:
+    """A chunk (t, H, W, C) in 0..1 as packed RGB integers, one edge row/column repeated when asked."""
+    rgb = chunk[..., :3] if chunk.shape[-1] >= 3 else chunk[..., :1].expand(*chunk.shape[:-1], 3)
+    if extra_row:
+        rgb = torch.cat([rgb, rgb[:, -1:]], dim=1)
+    if extra_col:
+        rgb = torch.cat([rgb, rgb[:, :, -1:]], dim=2)
+    levels = 65535.0 if bit_depth > 8 else 255.0
+    quantised = (rgb.float().clamp(0, 1) * levels).round()
+    if bit_depth > 8:
+        # torch lacks uint16 arithmetic on some backends: round in int32, narrow in numpy.
+        return quantised.to(torch.int32).cpu().numpy().astype(np.uint16)
+    return quantised.to(torch.uint8).cpu().numpy()
+
+
+def _mp4_sound(video: Video, frame_count: int) -> np.ndarray | None:
+    """The video's sound as float32 (2, S) at 32 kHz, no longer than its pictures; None when silent."""
+    audio = video.get_audio()
+    if audio is None:
+        return None
+    audio = check_audio("VIDEO", audio)
+    rate = int(audio["sample_rate"])
+    waveform = audio["waveform"][0]  # (C, S): a video has one sound track, the batch's first clip
+    picture_samples = math.ceil(rate * frame_count / float(video.get_frame_rate()))
+    waveform = match_channels(waveform[:, :picture_samples].float(), MP4_AUDIO_CHANNELS, node="VIDEO")
+    waveform = resample_waveform(waveform, rate, MP4_AUDIO_SAMPLE_RATE_HZ)
+    return np.ascontiguousarray(waveform.clamp(-1, 1).cpu().numpy(), dtype=np.float32)
+
+
+def _mux_sound(container, track, sound: np.ndarray, start: int, stop: int) -> int:
+    """Encode samples start..stop of `sound` and return `stop` (where the next call begins)."""
+    if stop <= start:
+        return start
+    block = av.AudioFrame.from_ndarray(np.ascontiguousarray(sound[:, start:stop]), format="fltp", layout="stereo")
+    block.sample_rate = MP4_AUDIO_SAMPLE_RATE_HZ
+    block.pts = start
+    block.time_base = Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
+    for packet in track.encode(block):  # PyAV splits the block into the encoder's own frame size
+        container.mux(packet)
+    return stop
+
+
+def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[str, Any] | None = None,
+              frames_per_chunk: int = FRAMES_PER_CHUNK, progress: Callable[[int, int], None] | None = None) -> None:
+    """Write `video` to `path` as MP4: H.264 (yuv420p, or yuv420p10le for 10-bit) and AAC stereo at 32 kHz.
+
+    Pictures go through `frames_per_chunk` at a time. 4:2:0 chroma needs even sizes, so an odd width
+    or height gains a copy of its last column or row. `progress(done, total)` is called per chunk.
+    """
+    if codec not in VIDEO_CODECS:
+        raise ValueError(f"video codec {codec!r} cannot be written; the choices are {VIDEO_CODECS}")
+    picture_encoder, sound_encoder = h264_encoder(), aac_encoder()
+    width, height = video.get_dimensions()
+    rate = video.get_frame_rate()
+    total = video.get_frame_count()
+    deep = video.bit_depth > 8
+    pix_fmt = "yuv420p10le" if deep else "yuv420p"
+    offered = [f.name for f in (av.Codec(picture_encoder, "w").video_formats or [])]
+    if offered and pix_fmt not in offered:
+        raise ValueError(f"{video.bit_depth}-bit H.264 is written as {pix_fmt}, which encoder {picture_encoder} "
+                         f"does not offer (it offers {', '.join(offered)})")
+    sound = _mp4_sound(video, total)
+    with staged_file(path) as staging, \
+            av.open(str(staging), mode="w", format="mp4", options={"movflags": "use_metadata_tags"}) as container:
+        for key, value in (metadata or {}).items():
+            container.metadata[str(key)] = json.dumps(value)
+        # Encoders want a time base with a modest denominator; e.g. 24000/1001 fps is kept as 2997/125.
+        picture = container.add_stream(picture_encoder, rate=Fraction(rate).limit_denominator(1001 * 1000))
+        picture.width, picture.height = width + width % 2, height + height % 2
+        picture.pix_fmt = pix_fmt
+        voice = None
+        if sound is not None:
+            voice = container.add_stream(sound_encoder, rate=MP4_AUDIO_SAMPLE_RATE_HZ, layout="stereo")
+        packing = "rgb48le" if deep else "rgb24"
+        written, sound_written = 0, 0
+        for chunk in video.iter_frame_chunks(frames_per_chunk):
+            if chunk.shape[1] != height or chunk.shape[2] != width:
+                raise ValueError(f"frame {written} is {chunk.shape[2]}x{chunk.shape[1]} in a video of "
+                                 f"{width}x{height}")
+            pixels = _rgb_pixels(chunk, video.bit_depth, height % 2, width % 2)
+            for offset in range(pixels.shape[0]):
+                frame = av.VideoFrame.from_ndarray(pixels[offset], format=packing)
+                frame.pts = written + offset
+                for packet in picture.encode(frame):
+                    container.mux(packet)
+            written += pixels.shape[0]
+            if voice is not None:
+                # Keep sound and pictures interleaved: write the sound up to the last picture so far.
+                until = min(sound.shape[1], round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
+                sound_written = _mux_sound(container, voice, sound, sound_written, until)
+            if progress is not None:
+                progress(written, max(total, written))
+        if written == 0:
+            raise ValueError("the video has no frames to write")
+        for packet in picture.encode(None):
+            container.mux(packet)
+        if voice is not None:
+            _mux_sound(container, voice, sound, sound_written, sound.shape[1])
+            for packet in voice.encode(None):
+                container.mux(packet)
