@@ -61,11 +61,11 @@ def add_loop_limit_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _argument_extensions():
-    """Argument groups owned by other parts (memory manager, plugins); their flag modules are torch-free."""
+    """Argument groups owned by other parts (memory manager, previews, plugins); their flag modules are torch-free."""
     from models import memory_flags
-    from nodes import plugins
+    from nodes import plugins, preview_settings
 
-    return [memory_flags.add_cli_arguments, plugins.add_cli_arguments]
+    return [memory_flags.add_cli_arguments, preview_settings.add_cli_arguments, plugins.add_cli_arguments]
 
 
 def cache_from_args(args: argparse.Namespace):
@@ -113,7 +113,12 @@ class Runtime:
         self.registry = builtin_registry()
         self.plugin_reports: list[Any] = []
         self.events = events or EventBus()
-        self.services = run_context.Services(max_loop_iterations=args.max_loop_iterations)
+        settings = {"max_loop_iterations": args.max_loop_iterations}
+        if runs_jobs:
+            from nodes import preview_settings
+
+            settings.update(preview_settings.services_from_args(args))
+        self.services = run_context.Services(**settings)
         run_context.configure(self.paths, self.services)
         # After configure: plugins may list model files (folder_paths) while they import.
         from nodes import plugins
@@ -342,6 +347,8 @@ def command_run(argv: list[str]) -> int:
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=None if args.json else 2))
         return 2
+    if args.preview_method is None:
+        args.preview_method = "none"  # nobody sees previews on a terminal: skip fitting and drawing them
     runtime = Runtime(args)
     try:
         prompt, validated = _validated_workflow(args, runtime)

@@ -7,12 +7,21 @@ Each stage is one node of the workflow; its wall time and its thread CPU time co
 profile (this machine is shared, so CPU time is the steadier figure). Then the transformer alone:
 tokens per second of one forward at three packed sequence lengths (median of several forwards).
 
+Live previews: the same workflow through the real server with one websocket client (which announces
+`supports_preview_metadata`), alternating jobs with previews off (`extra_data.preview_method: none`)
+and at the default method, each with a new seed. Sampling time is the sampler node's span in the
+engine's event stream, in wall time and in this process's CPU time (every thread: the render thread and
+the server's encoding count too; the steadier figure on a shared machine); the ratio default/off is the
+goal (<= 1.05); preview frames per second is the number of binary preview frames the client received
+over the sampling wall time of the jobs that sent them.
+
     .venv/bin/python bench/h3_pipeline.py
 
 The last line printed is one JSON object with every figure.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import sys
@@ -44,6 +53,7 @@ STAGES = {  # stage -> the node classes it consists of
     "file writing": ("SaveVideo",),
 }
 WARM_RUNS = 3
+PREVIEW_ROUNDS = 7  # side-by-side pairs of jobs (previews off, default method)
 # (frames, width, height) of the three transformer measurements: the workflow's clip, then longer / larger.
 SEQUENCES = ((22, 96, 64), (124, 128, 128), (124, 256, 256))
 
@@ -125,11 +135,97 @@ def transformer_throughput(base: Path) -> list[dict]:
     return rows
 
 
+def preview_cost(base: Path) -> dict:
+    """Sampling time with previews off and at the default method, and preview frames per second."""
+    return asyncio.run(_preview_rounds(base))
+
+
+async def _preview_rounds(base: Path) -> dict:
+    import aiohttp
+
+    import main as weft_main
+    from nodes.preview_settings import DEFAULT_PREVIEW_METHOD
+    from web.server import start_server
+    from web.state import ServerConfig
+
+    args = weft_main.server_parser().parse_args(["--base-directory", str(base), "--port", "0", "--cache-classic"])
+    runtime = weft_main.Runtime(args)
+    prompt = ui_to_api(json.loads(WORKFLOW.read_text()), runtime.registry)
+    (noise,) = [n for n, node in prompt.items() if node["class_type"] == "RandomNoise"]
+    (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "SamplerCustomAdvanced"]
+    timeline: list[tuple[float, float, str, dict]] = []  # (wall, process CPU, event, data) as the engine emits them
+    runtime.events.subscribe(
+        lambda event, data: timeline.append((time.perf_counter(), time.process_time(), event, data)))
+    server = await start_server(runtime, ServerConfig(port=0))
+    url = f"http://127.0.0.1:{server.port}"
+    spans: dict[str, list[float]] = {"off": [], "default": []}
+    cpu: dict[str, list[float]] = {"off": [], "default": []}
+    frames_received = 0
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{url}/ws?clientId=bench") as ws:
+                await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
+
+                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int]:
+                    prompt[noise]["inputs"]["noise_seed"] = seed
+                    body = {"prompt": prompt, "client_id": "bench", "extra_data": extra}
+                    async with session.post(f"{url}/prompt", json=body) as reply:
+                        prompt_id = (await reply.json())["prompt_id"]
+                    previews = 0
+                    while True:
+                        message = await ws.receive(timeout=600)
+                        if message.type == aiohttp.WSMsgType.BINARY and message.data[:4] == b"\x00\x00\x00\x04":
+                            previews += 1
+                        elif message.type == aiohttp.WSMsgType.TEXT:
+                            event = json.loads(message.data)
+                            if event["type"] in ("execution_success", "execution_error") and \
+                                    event["data"].get("prompt_id") == prompt_id:
+                                if event["type"] == "execution_error":
+                                    raise SystemExit(f"the workflow failed: {message.data[:2000]}")
+                                break
+                    return _sampler_span(timeline, prompt_id, sampler), previews
+
+                await one_job(1, {})  # warm-up: loading, text encoding and the preview fit happen here
+                for i in range(PREVIEW_ROUNDS):
+                    pairs = [("off", {"preview_method": "none"}), ("default", {})]
+                    for label, extra in (pairs if i % 2 == 0 else pairs[::-1]):
+                        (span, cpu_span), previews = await one_job(100 + 2 * i + (label == "default"), extra)
+                        spans[label].append(span)
+                        cpu[label].append(cpu_span)
+                        if label == "default":
+                            frames_received += previews
+    finally:
+        await server.stop()
+    off, default = statistics.median(spans["off"]), statistics.median(spans["default"])
+    cpu_off, cpu_default = statistics.median(cpu["off"]), statistics.median(cpu["default"])
+    return {"method": DEFAULT_PREVIEW_METHOD, "rounds": PREVIEW_ROUNDS, "sampling_ms_off": off * 1000,
+            "sampling_ms_default": default * 1000, "ratio_default_to_off": default / off,
+            "sampling_cpu_ms_off": cpu_off * 1000, "sampling_cpu_ms_default": cpu_default * 1000,
+            "cpu_ratio_default_to_off": cpu_default / cpu_off,
+            "ratios_per_round": [d / o for o, d in zip(spans["off"], spans["default"])],
+            "preview_frames": frames_received,
+            "preview_frames_per_s": frames_received / sum(spans["default"])}
+
+
+def _sampler_span(timeline: list, prompt_id: str, sampler: str) -> tuple[float, float]:
+    """(wall, process CPU) seconds from the sampler's `executing` to the next `executing` of the same job."""
+    start = None
+    for moment, cpu_moment, event, data in list(timeline):
+        if event != "executing" or data.get("prompt_id") != prompt_id:
+            continue
+        if data.get("node") == sampler:
+            start = (moment, cpu_moment)
+        elif start is not None:
+            return moment - start[0], cpu_moment - start[1]
+    raise SystemExit(f"no sampler span for job {prompt_id}")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="weft-h3-bench-") as tmp:
         base = Path(tmp)
         figures = pipeline(base)
         throughput = transformer_throughput(base)
+        previews = preview_cost(base)
     print(f"workflow: {WORKFLOW.relative_to(ROOT)} (tiny random H3 weights; torch threads: {torch.get_num_threads()})")
     print(f"tiny weights written in {figures['weights_written_ms']:.0f} ms")
     print(f"{'stage':<16} {'cold wall ms':>12} {'cold cpu ms':>12} {'warm wall ms':>12} {'warm cpu ms':>12}")
@@ -144,8 +240,17 @@ def main() -> None:
         label = f"{row['frames']} frames {row['width']}x{row['height']}"
         print(f"{label:<28} {row['tokens']:>7} {row['forward_ms']:>11.1f} {row['forward_cpu_ms']:>9.1f} "
               f"{row['tokens_per_s']:>10.0f}")
+    print()
+    print(f"live previews ({previews['method']}), median of {previews['rounds']} side-by-side jobs:")
+    print(f"{'sampling ms, previews off':<34} {previews['sampling_ms_off']:>10.1f}")
+    print(f"{'sampling ms, default method':<34} {previews['sampling_ms_default']:>10.1f}")
+    print(f"{'ratio default / off (goal <= 1.05)':<34} {previews['ratio_default_to_off']:>10.3f}")
+    print(f"{'CPU ms, previews off':<34} {previews['sampling_cpu_ms_off']:>10.1f}")
+    print(f"{'CPU ms, default method':<34} {previews['sampling_cpu_ms_default']:>10.1f}")
+    print(f"{'CPU ratio default / off':<34} {previews['cpu_ratio_default_to_off']:>10.3f}")
+    print(f"{'preview frames/s to one client':<34} {previews['preview_frames_per_s']:>10.1f}")
     print(json.dumps({"workflow": str(WORKFLOW.relative_to(ROOT)), "torch_threads": torch.get_num_threads(),
-                      **figures, "transformer": throughput}))
+                      **figures, "transformer": throughput, "previews": previews}))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ class ExecutionInterrupted(Exception):
 T = TypeVar("T")
 
 DEFAULT_MAX_LOOP_ITERATIONS = 10_000
+DEFAULT_PREVIEW_METHOD = "auto"  # the server's; `main.py run` asks for none (nodes/preview_settings.py)
+DEFAULT_PREVIEW_SIZE = 512
 
 
 class Services:
@@ -26,10 +28,14 @@ class Services:
     executor) and handed to each node call as `RunContext.runtime`.
     """
 
-    __slots__ = ("max_loop_iterations", "_shared")
+    __slots__ = ("max_loop_iterations", "preview_method", "preview_size", "_shared")
+    SETTINGS = ("max_loop_iterations", "preview_method", "preview_size")
 
-    def __init__(self, *, max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS) -> None:
+    def __init__(self, *, max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
+                 preview_method: str = DEFAULT_PREVIEW_METHOD, preview_size: int = DEFAULT_PREVIEW_SIZE) -> None:
         self.max_loop_iterations = max_loop_iterations  # loops refuse more iterations than this
+        self.preview_method = preview_method  # how samplers draw live previews (nodes.preview_settings)
+        self.preview_size = preview_size  # the long side of a live preview, in pixels
         self._shared: dict[str, Any] = {}
 
     def shared(self, name: str, make: Callable[[], T]) -> T:
@@ -48,8 +54,8 @@ class Services:
     # (`runtime.get("max_loop_iterations")`, `runtime.setdefault("model_cache", ...)`).
     def get(self, name: str, default: Any = None) -> Any:
         """A setting or shared object by name, or `default`."""
-        if name == "max_loop_iterations":
-            return self.max_loop_iterations
+        if name in self.SETTINGS:
+            return getattr(self, name)
         return self._shared.get(name, default)
 
     def setdefault(self, name: str, value: Any) -> Any:
@@ -78,12 +84,12 @@ class RunContext:
     """One node call's view of its job (a plain slotted class: one is made per node call)."""
 
     __slots__ = ("prompt_id", "node_id", "display_node_id", "paths", "emit", "is_interrupted", "runtime",
-                 "parent_node_id", "real_node_id")
+                 "parent_node_id", "real_node_id", "extra_data")
 
     def __init__(self, prompt_id: str, node_id: str, display_node_id: str, paths: Paths,
                  emit: Callable[[str, dict], None] = _drop, is_interrupted: Callable[[], bool] = _never,
                  runtime: Services | None = None, parent_node_id: str | None = None,
-                 real_node_id: str | None = None) -> None:
+                 real_node_id: str | None = None, extra_data: dict[str, Any] | None = None) -> None:
         self.prompt_id = prompt_id
         self.node_id = node_id
         self.display_node_id = display_node_id
@@ -93,6 +99,7 @@ class RunContext:
         self.runtime = runtime if runtime is not None else Services()  # what the runtime's node calls share
         self.parent_node_id = parent_node_id
         self.real_node_id = real_node_id
+        self.extra_data = extra_data if extra_data is not None else {}  # the job's options (preview_method, ...)
 
     def check_interrupted(self) -> None:
         if self.is_interrupted():
@@ -104,13 +111,17 @@ class RunContext:
             "value": value, "max": total, "prompt_id": self.prompt_id, "node": self.node_id,
             "display_node": self.display_node_id,
         })
+        self.show(text=text, preview=preview)
+        self.check_interrupted()
+
+    def show(self, *, text: str | None = None, preview: Any = None) -> None:
+        """Send a progress text and/or a preview image for this node, without a progress update."""
         if text is not None:
             self.emit("progress_text", {"node": self.display_node_id, "text": text, "prompt_id": self.prompt_id})
         if preview is not None:
             self.emit("preview", {"node": self.node_id, "display_node": self.display_node_id,
                                   "prompt_id": self.prompt_id, "image": preview,
                                   "parent_node": self.parent_node_id, "real_node_id": self.real_node_id})
-        self.check_interrupted()
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("weft_run_context", default=None)

@@ -87,7 +87,7 @@ class NodeCaller:
         return run_context.RunContext(
             prompt_id=self.prompt_id, node_id=node.id, display_node_id=node.display_id, paths=self.paths,
             emit=self.emit, is_interrupted=self.is_interrupted, runtime=self.runtime,
-            parent_node_id=node.parent, real_node_id=node.real_id or node.id)
+            parent_node_id=node.parent, real_node_id=node.real_id or node.id, extra_data=self.extra_data)
 
     async def lazy_wanted(self, slot: Slot, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
         """The unevaluated lazy inputs the node asks for (`check_lazy_status`)."""

@@ -48,7 +48,8 @@ def load_text_encoder(path: Path, name: str, *,
 def load_vae(path: Path, name: str) -> "VAE":
     """The H3 video or audio VAE in `path`, whichever its keys show it to be."""
     loaded = _load(path, ("h3_video_vae", "h3_audio_vae"))
-    return VAE("video" if loaded.kind == "h3_video_vae" else "audio", loaded.model, name)
+    return VAE("video" if loaded.kind == "h3_video_vae" else "audio", loaded.model, name, path=path,
+               metadata=loaded.metadata)
 
 
 def read_embedding(path: Path) -> torch.Tensor:
@@ -137,12 +138,16 @@ class TextEncoder:
 class VAE:
     """The value on a VAE wire: the H3 video VAE (`kind` "video") or audio VAE (`kind` "audio")."""
 
-    def __init__(self, kind: str, model: torch.nn.Module, name: str = "") -> None:
+    def __init__(self, kind: str, model: torch.nn.Module, name: str = "", *, path: Path | None = None,
+                 metadata: dict[str, str] | None = None) -> None:
         if kind not in VAE_KINDS:
             raise ValueError(f"a VAE's kind is 'video' or 'audio', not {kind!r}")
         self.kind = kind
         self.model = model
         self.name = name
+        self.path = path  # the file it came from (live previews cache their projection beside it)
+        self.metadata = metadata or {}  # the file's safetensors metadata
+        self.preview_projection = None  # fitted by nodes.previews on first need
 
     @property
     def audio_sample_rate(self) -> int:

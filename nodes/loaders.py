@@ -185,7 +185,11 @@ def _clip_loader_validate(type: Any = None, **_other: Any) -> bool | str:
 
 def _vae_loader(vae_name: str) -> tuple[VAE]:
     path = _model_file("VAELoader", "vae", vae_name)
-    return (_loaded("VAELoader", "vae", path, lambda: load_vae(path, vae_name)),)
+    vae = _loaded("VAELoader", "vae", path, lambda: load_vae(path, vae_name))
+    from nodes.previews import register_vae
+
+    register_vae(vae)  # the preview source of the samplers that follow
+    return (vae,)
 
 
 def _adapter(node: str, lora_name: str):

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from execution.context import current
 from nodes.latent import check_latent
 from nodes.loaders import check_model
+from nodes.previews import SamplerPreviews
 from nodes.spec import Input, NodeSpec, Output
 
 SAMPLER_NAMES = ("euler", "res_multistep")
@@ -107,12 +107,12 @@ class Guider:
         from models.h3.sampling import sample
 
         latent = check_latent(node, latent, need=("samples", "audio_samples"), name="latent_image")
-        ctx = current()
         last: dict[str, torch.Tensor] = {}
+        previews = SamplerPreviews.start(latent)
 
         def on_step(step: int, total: int, denoised: dict) -> None:
             last.update(denoised)
-            ctx.progress(step, total)
+            previews.report(step, total, denoised)
 
         runner = self.model
         if self.negative is not None and self.cfg != 1.0:
@@ -121,9 +121,10 @@ class Guider:
         video_shift, audio_shift = model_shifts(self.model)
         sigmas = torch.as_tensor(sigmas, dtype=torch.float32).flatten()
         try:
-            out = sample(runner, latent, self.positive, sigmas, noise.seed if noise is not None else 0, sampler.name,
-                         callback=on_step, video_shift=video_shift, audio_shift=audio_shift,
-                         add_noise=noise is not None)
+            with previews:
+                out = sample(runner, latent, self.positive, sigmas, noise.seed if noise is not None else 0,
+                             sampler.name, callback=on_step, video_shift=video_shift, audio_shift=audio_shift,
+                             add_noise=noise is not None)
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from None
         denoised = dict(out)
