@@ -71,6 +71,7 @@ from execution.events import EventBus, timestamp_ms
 from execution.expansion import Expansion
 from execution.failure import ERROR, INTERRUPTED, RunFailure
 from execution.graph import Prompt, PromptNode, collector_paused
+from execution.node_progress import NodeProgress
 from execution.node_call import Called, NodeCaller, blocker_in, merge_ui
 from execution.paths import Paths
 from execution.profile import ProfileRows, Profiler
@@ -155,7 +156,8 @@ class _Job:
         self.prompt_id = prompt_id
         self.control = control
         self.result = JobResult(prompt_id, "success")
-        self.cached_now: list[str] = []  # served from the cache since the last execution_cached
+        self.roots: set[str] = set()  # the outputs the run was asked for (stand-ins resolved)
+        self.progress = NodeProgress(prompt_id, self.emit, lambda node_id: self.prompt.nodes.get(node_id))
         self.readiness = Readiness(prompt, executor.registry, executor.cache,
                                    structural if structural is not None else [], self._served)
         self.caller = NodeCaller(prompt, prompt_id, extra_data, executor.paths, executor.runtime, self.emit,
@@ -168,10 +170,13 @@ class _Job:
         return self.control.interrupted
 
     def emit(self, event: str, data: dict) -> None:
-        """Send an event to the bus (and keep the status ones in the result's messages)."""
+        """Send an event to the bus (and keep the status ones in the result's messages). A node's
+        `progress` is preceded by the `progress_state` it changes, as ComfyUI sends them."""
         if event in _RECORDED:
             self.result.messages.append((event, data))
         if self.bus.active:
+            if event == "progress":
+                self.progress.updated(data["node"], data["value"], data["max"])
             self.bus.emit(event, data)
 
     def __str__(self) -> str:
@@ -190,13 +195,16 @@ class _Job:
                 order = self.prompt.ordered_ancestors(outputs)
                 readiness.structural = []  # positions in an order of its own: nothing to keep
             readiness.sign_prompt(order)
+            # Every node of the prompt whose output the cache holds, reached by this run or not (a
+            # cached node behind another cached node included); sent even when there is none.
+            slots, cache = readiness.slots, self.cache
+            cached = [node_id for node_id in self.prompt.nodes
+                      if (slot := slots.get(node_id)) is not None and slot.signature in cache]
+            self.emit("execution_cached", {"nodes": cached, "prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
             stand_ins = self.prompt.stand_ins
             roots = list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs
+            self.roots = set(roots)
             readiness.need([readiness.slot(root) for root in roots])
-            if self.cached_now:
-                self.emit("execution_cached", {"nodes": list(self.cached_now), "prompt_id": self.prompt_id,
-                                               "timestamp": timestamp_ms()})
-                self.cached_now = []
             await self._drive()
         except RunFailure as failure:
             self._failed(failure)
@@ -235,6 +243,8 @@ class _Job:
                 slot = readiness.take()
                 if slot.template is not None:
                     self.expansion.resolve(slot)
+                    if self.bus.active:
+                        self.progress.finished(slot.node)
                 else:
                     await self._start(slot)
                 continue
@@ -290,22 +300,26 @@ class _Job:
             self.expansion.expand(slot, called.outputs, called.expansions)
         else:
             self.readiness.complete(slot, called.outputs, called.ui)
+            if self.bus.active:
+                self.progress.finished(node)
 
     # ------------------------------------------------------------------ what the editor sees
     def _announce(self, node: PromptNode) -> None:
+        """A node starts: its progress_state (running), then `executing`, in ComfyUI's order."""
+        self.progress.started(node)
         display = node.display_id
         self.emit("executing", {"node": display, "display_node": display, "prompt_id": self.prompt_id})
-        self.emit("progress_state", {"prompt_id": self.prompt_id, "nodes": {display: {
-            "value": 0, "max": 1, "state": "running", "node_id": display, "prompt_id": self.prompt_id,
-            "display_node_id": display, "parent_node_id": node.parent, "real_node_id": node.real_id or node.id}}})
 
     def _served(self, slot: Slot, hit: CachedResult) -> None:
         node = slot.node
         self.result.cached.append(node.id)
-        self.cached_now.append(node.id)
         self.profiler.served(node)
         if hit.ui:
             self._record_ui(node, hit.ui)
+        if node.id in self.roots and self.bus.active:
+            # An output served from the cache finishes like one that ran (as ComfyUI's does); the
+            # cached nodes behind it are only listed by execution_cached.
+            self.progress.finished(node)
 
     def _record_ui(self, node: PromptNode, ui: dict) -> None:
         key = node.display_id
