@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from execution.spec import Registry
     from execution.validation import ValidatedPrompt
 
 from execution.errors import PromptError
@@ -191,7 +192,7 @@ def _split_set_target(target: str, prompt: dict) -> tuple[str, str] | None:
     return None
 
 
-def declared_inputs(node: dict, registry) -> list[str] | None:
+def declared_inputs(node: dict, registry: Registry) -> list[str] | None:
     """The input names a prompt node's class declares for its current values (None: unknown class)."""
     spec = registry.get(node.get("class_type")) if isinstance(node, dict) else None
     if spec is None:
@@ -200,7 +201,7 @@ def declared_inputs(node: dict, registry) -> list[str] | None:
     return list(spec.instance_inputs(spec.normalize_input_names(dict(values))))
 
 
-def parse_set(assignments: list[str], prompt: dict, registry=None) -> None:
+def parse_set(assignments: list[str], prompt: dict, registry: Registry | None = None) -> None:
     """Apply `--set NODE_ID.INPUT=VALUE` (VALUE read as JSON when it parses, else as text).
 
     With `registry`, an input the node's class does not declare is refused, naming the inputs it has.
@@ -234,7 +235,7 @@ def parse_set(assignments: list[str], prompt: dict, registry=None) -> None:
         node.setdefault("inputs", {})[input_name] = value
 
 
-def undeclared_input_warnings(prompt: dict, registry) -> list[str]:
+def undeclared_input_warnings(prompt: dict, registry: Registry) -> list[str]:
     """One line per input a prompt node sets that its class does not declare (tolerated, as ComfyUI does)."""
     warnings = []
     for node_id, node in prompt.items():
