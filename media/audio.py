@@ -86,7 +86,16 @@ def fit_length(waveform: torch.Tensor, samples: int) -> torch.Tensor:
 
 
 def decode_audio(path: str | os.PathLike) -> dict | None:
-    """The first sound track of a media file as AUDIO (one clip, float), or None when the file has none."""
+    """The first sound track of a media file as AUDIO (one clip, float), or None when the file has none.
+
+    A file FFmpeg cannot read raises ValueError."""
+    try:
+        return _decode_audio(path)
+    except av.FFmpegError as exc:
+        raise ValueError(f"cannot read {Path(path).name!r}: {exc}") from exc
+
+
+def _decode_audio(path: str | os.PathLike) -> dict | None:
     with av.open(str(path)) as container:
         if not container.streams.audio:
             return None

@@ -87,6 +87,13 @@ def load_image_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
     A file without any alpha gets one zero 64x64 mask per frame, the shape ComfyUI's loader gives. The
     size caps are checked before any pixel is decoded."""
+    try:
+        return _decode_image_file(path)
+    except (OSError, Image.DecompressionBombError) as exc:  # not a picture, cut short, or a decompression bomb
+        raise ValueError(str(exc)) from exc
+
+
+def _decode_image_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     pictures, alphas = [], []
     with Image.open(path) as opened:
         check_decode_size(opened, path.name)

@@ -27,14 +27,14 @@ MAX_EMBEDDED_METADATA_BYTES = 1_000_000
 logger = logging.getLogger(__name__)
 
 
-def input_folder() -> str:
-    """The running job's input folder (file choices are listed from it; missing-file errors name it)."""
-    return str(current().paths.input)
+def folder_of(kind: str) -> Path:
+    """The running job's folder of `kind` (input, output or temp)."""
+    return current().paths.folder(kind)
 
 
-def list_input_files(suffixes: tuple[str, ...]) -> list[str]:
-    """Names of the input folder's files ending in one of `suffixes`, '/'-separated, hidden ones left out."""
-    names = current().paths.list_files("input", suffixes=suffixes)
+def list_folder_files(kind: str, suffixes: tuple[str, ...]) -> list[str]:
+    """Names of the files in the `kind` folder ending in one of `suffixes`, '/'-separated, hidden ones left out."""
+    names = current().paths.list_files(kind, suffixes=suffixes)
     return [name for name in names if not any(part.startswith(".") for part in name.split("/"))]
 
 
@@ -60,14 +60,15 @@ def annotated_folder(name: str, *, default_kind: str = "input") -> Path:
     return current().paths.folder(kind)
 
 
-def check_input_file(node: str, kind_label: str, name: Any) -> bool | str:
+def check_input_file(node: str, kind_label: str, name: Any, *, default_kind: str = "input") -> bool | str:
     """True when `name` is a file that exists; otherwise a message that names the node and the folder looked in."""
     try:
-        path = annotated_path(name)
+        path = annotated_path(name, default_kind=default_kind)
     except UnsafePathError as exc:
         return f"{node}: invalid {kind_label} file {name!r}: {exc}"
     if not path.is_file():
-        return f"{node}: {kind_label} file {name!r} not found (searched folder: {annotated_folder(name)})"
+        folder = annotated_folder(name, default_kind=default_kind)
+        return f"{node}: {kind_label} file {name!r} not found (searched folder: {folder})"
     return True
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from nodes.image import MAX_RESOLUTION, check_image, scale_images
-from nodes.latent import LENGTH_TOOLTIP, empty_av_latent
+from media.image import check_image, scale_images
+from nodes.latent import LENGTH_TOOLTIP, empty_av_latent, frame_size_input
 from nodes.loaders import check_clip, check_model, check_vae, with_options
 from nodes.spec import Input, NodeSpec, Output
 from nodes.vae import encode_frames, encode_waveform
@@ -224,10 +224,6 @@ def _resolution_selector(aspect_ratio: str, megapixels: float, multiple: int = 8
     return int(width), int(height)
 
 
-def _size(name: str) -> Any:
-    return Input.int(name, 1344 if name == "width" else 768, min=32, max=MAX_RESOLUTION, step=32)
-
-
 def _grow(name: str, prefix: str, template: Any, maximum: int) -> Any:
     return Input.autogrow(name, template, prefix=prefix, min=0, max=maximum)
 
@@ -246,7 +242,7 @@ NODES = [
             Input.link("clip", "CLIP"),
             Input.link("vae", "VAE"),
             Input.string("prompt", multiline=True, dynamic_prompts=True),
-            _size("width"), _size("height"),
+            frame_size_input("width"), frame_size_input("height"),
             Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP),
             Input.link("first_frame", "IMAGE", optional=True),
             Input.link("last_frame", "IMAGE", optional=True),
@@ -264,7 +260,7 @@ NODES = [
             Input.link("vae", "VAE"),
             Input.link("audio_vae", "VAE"),
             Input.string("prompt", multiline=True, dynamic_prompts=True),
-            _size("width"), _size("height"),
+            frame_size_input("width"), frame_size_input("height"),
             Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP),
             Input.combo("ref_image_size", ["match", "max"], "match",
                         tooltip="How reference pictures are sized for the model. match: shrunk, never enlarged, "

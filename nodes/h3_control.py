@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -26,9 +27,7 @@ from execution.errors import node_error
 from execution.paths import atomic_write_bytes
 from media.audio import check_audio, resample_waveform
 from media.image import check_image, scale_images
-from nodes.files import (
-    annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files, output_target,
-)
+from nodes.files import file_metadata, output_target
 from nodes.latent import check_latent, serialize_safetensors
 from nodes.loaders import check_model, check_vae
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
@@ -304,13 +303,10 @@ def read_conditioning_file(path: Any, *, node: str = "MiniMaxH3LoadConditioning"
     return [[hidden.float(), {"attention_mask": mask.bool().reshape(hidden.shape[:2])}]]
 
 
-def _load_conditioning(model: Any, conditioning: str) -> tuple[list]:
+def _load_conditioning(model: Any, conditioning: Path) -> tuple[list]:
     node = "MiniMaxH3LoadConditioning"
     model = check_model(node, model)
-    path = annotated_path(conditioning)
-    if not path.is_file():
-        raise FileNotFoundError(f"{node}: conditioning file {conditioning!r} not found (searched folder: "
-                                f"{input_folder()})")
+    path = conditioning
     loaded = read_conditioning_file(path, node=node)
     width = int(loaded[0][0].shape[-1])
     config = getattr(getattr(model, "model", model), "config", None)
@@ -321,14 +317,6 @@ def _load_conditioning(model: Any, conditioning: str) -> tuple[list]:
                          f"{f' {name!r}' if name else ''} reads conditioning of width {expected} (its text "
                          "encoder's width); it was saved for another model")
     return (loaded,)
-
-
-def _load_conditioning_fingerprint(conditioning: str, **_other: Any) -> str:
-    return file_sha256(annotated_path(conditioning))
-
-
-def _load_conditioning_validate(conditioning: Any = None, **_other: Any) -> bool | str:
-    return check_input_file("MiniMaxH3LoadConditioning", "conditioning", conditioning)
 
 
 # ---------------------------------------------------------------------- cutting clips
@@ -469,12 +457,10 @@ NODES = [
         execute=_load_conditioning,
         inputs=[
             Input.link("model", "MODEL", tooltip="The diffusion model the conditioning is for (its width is checked)."),
-            Input.combo("conditioning", lambda: list_input_files((CONDITIONING_EXTENSION,)), folder=input_folder,
-                        tooltip="A conditioning file in the input folder."),
+            Input.file("conditioning", extensions=(CONDITIONING_EXTENSION,),
+                       tooltip="A conditioning file in the input folder."),
         ],
         outputs=[Output("CONDITIONING")],
-        fingerprint=_load_conditioning_fingerprint, validate_inputs=_load_conditioning_validate,
-        validate_takes=frozenset({"conditioning"}),
     ),
     NodeSpec(
         node_id="ImageFromBatch", display_name="Image From Batch", category="image/batch", python_module="nodes",

@@ -7,10 +7,10 @@ transparent.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
 from execution.context import current
 from execution.paths import atomic_write_bytes
@@ -18,13 +18,8 @@ from media.image import (
     CROP_METHODS, IMAGE_EXTENSIONS, UPSCALE_METHODS, check_image, encode_png, load_image_file, scale_images,
 )
 from nodes import MAX_RESOLUTION
-from nodes.files import (
-    annotated_folder, annotated_path, check_input_file, file_metadata, file_sha256, input_folder,
-    list_input_files, output_target, temp_prefix,
-)
+from nodes.files import file_metadata, output_target, temp_prefix
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
-
-__all__ = ["MAX_RESOLUTION", "NODES", "check_image", "scale_images"]
 
 PNG_COMPRESS_LEVEL = 4
 PREVIEW_COMPRESS_LEVEL = 1  # previews are thrown away: favour speed over size
@@ -34,22 +29,11 @@ _PREFIX_TOOLTIP = (
 )
 
 
-def _load_image(image: str) -> tuple[torch.Tensor, torch.Tensor]:
-    path = annotated_path(image)
-    if not path.is_file():
-        raise FileNotFoundError(f"LoadImage: image file {image!r} not found (searched folder: {annotated_folder(image)})")
+def _load_image(image: Path) -> tuple[torch.Tensor, torch.Tensor]:
     try:
-        return load_image_file(path)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # not a picture, cut short, or too large
-        raise ValueError(f"LoadImage: cannot read image file {image!r}: {exc}") from exc
-
-
-def _load_image_fingerprint(image: str, **_other: Any) -> str:
-    return file_sha256(annotated_path(image))
-
-
-def _load_image_validate(image: Any = None, **_other: Any) -> bool | str:
-    return check_input_file("LoadImage", "image", image)
+        return load_image_file(image)
+    except ValueError as exc:  # not a picture, cut short, or too large
+        raise ValueError(f"LoadImage: cannot read image file {image.name!r}: {exc}") from exc
 
 
 def _write_pngs(node: str, images: torch.Tensor, prefix: str, kind: str, compress_level: int,
@@ -114,17 +98,13 @@ def _get_image_size(image: torch.Tensor, unique_id: Any = None) -> tuple[int, in
     return width, height, count
 
 
-_IMAGE_CHOICE = Input.combo("image", lambda: list_input_files(IMAGE_EXTENSIONS), image_upload=True, folder=input_folder)
-
 NODES = [
     NodeSpec(
         node_id="LoadImage", display_name="Load Image", category="image", python_module="nodes",
         description="Reads a picture from the input folder. Besides the frames it outputs a MASK taken from the "
                     "transparency: 1 where the picture is see-through, 0 where it is opaque.",
-        execute=_load_image, inputs=[_IMAGE_CHOICE],
+        execute=_load_image, inputs=[Input.file("image", extensions=IMAGE_EXTENSIONS, upload="image")],
         outputs=[Output("IMAGE"), Output("MASK")],
-        fingerprint=_load_image_fingerprint, validate_inputs=_load_image_validate,
-        validate_takes=frozenset({"image"}),
         search_aliases=("load image", "open image", "import image", "image input", "upload image"),
     ),
     NodeSpec(

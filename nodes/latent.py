@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,9 +18,7 @@ from safetensors.torch import load_file
 
 from execution.paths import atomic_write_bytes
 from nodes import MAX_RESOLUTION
-from nodes.files import (
-    annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files, output_target,
-)
+from nodes.files import file_metadata, output_target
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
 LATENT_EXTENSION = ".latent"
@@ -144,19 +143,8 @@ def read_latent_file(path, *, node: str = "LoadLatent") -> dict:
     return latent
 
 
-def _load_latent(latent: str) -> tuple[dict]:
-    path = annotated_path(latent)
-    if not path.is_file():
-        raise FileNotFoundError(f"LoadLatent: latent file {latent!r} not found (searched folder: {input_folder()})")
-    return (read_latent_file(path),)
-
-
-def _load_latent_fingerprint(latent: str, **_other: Any) -> str:
-    return file_sha256(annotated_path(latent))
-
-
-def _load_latent_validate(latent: Any = None, **_other: Any) -> bool | str:
-    return check_input_file("LoadLatent", "latent", latent)
+def _load_latent(latent: Path) -> tuple[dict]:
+    return (read_latent_file(latent),)
 
 
 def frame_size_input(name: str) -> Any:
@@ -198,9 +186,7 @@ NODES = [
         node_id="LoadLatent", display_name="Load Latent", category="_for_testing", python_module="nodes",
         description="Loads a .latent file (safetensors) from the input folder.",
         execute=_load_latent,
-        inputs=[Input.combo("latent", lambda: list_input_files((LATENT_EXTENSION,)), folder=input_folder)],
+        inputs=[Input.file("latent", extensions=(LATENT_EXTENSION,))],
         outputs=[Output("LATENT")],
-        fingerprint=_load_latent_fingerprint, validate_inputs=_load_latent_validate,
-        validate_takes=frozenset({"latent"}),
     ),
 ]

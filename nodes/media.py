@@ -5,10 +5,9 @@ pick the folders and call them.
 """
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 from typing import Any
 
-import av
 import torch
 
 from execution.context import current
@@ -18,10 +17,7 @@ from media.video import (
     AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, Video, VideoComponents, VideoConcat, VideoFile,
     as_frame_rate, check_video,
 )
-from nodes.files import (
-    annotated_folder, annotated_path, check_input_file, file_metadata, file_sha256, input_folder, list_input_files,
-    output_target, temp_prefix,
-)
+from nodes.files import file_metadata, output_target, temp_prefix
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
 
@@ -43,21 +39,11 @@ def _get_video_components(video: Video) -> tuple[torch.Tensor, dict | None, floa
     return parts.images, parts.audio, float(parts.frame_rate)
 
 
-def _load_video(file: str) -> tuple[Video]:
-    path = annotated_path(file)
-    if not path.is_file():
-        raise FileNotFoundError(f"LoadVideo: video file {file!r} not found (searched folder: {annotated_folder(file)})")
-    return (VideoFile(path),)
-
-
-def _load_video_fingerprint(file: str, **_other: Any) -> str:
-    # Hashing a whole video on every run would cost more than it saves: size and change time identify it.
-    stat = annotated_path(file).stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def _load_video_validate(file: Any = None, **_other: Any) -> bool | str:
-    return check_input_file("LoadVideo", "video", file)
+def _load_video(file: Path) -> tuple[Video]:
+    try:
+        return (VideoFile(file),)
+    except ValueError as exc:
+        raise ValueError(f"LoadVideo: {exc}") from None
 
 
 def _save_video(video: Video, filename_prefix: str = "video/ComfyUI", format: str = "auto", codec: str = "auto",
@@ -91,25 +77,14 @@ def _concatenate_video(videos: dict, codec: Any = "auto", complete_audio: Any = 
         raise ValueError(f"{node}: {exc}") from None
 
 
-def _load_audio(audio: str) -> tuple[dict]:
-    path = annotated_path(audio)
-    if not path.is_file():
-        raise FileNotFoundError(f"LoadAudio: audio file {audio!r} not found (searched folder: {annotated_folder(audio)})")
+def _load_audio(audio: Path) -> tuple[dict]:
     try:
-        loaded = decode_audio(path)
-    except av.FFmpegError as exc:
-        raise ValueError(f"LoadAudio: cannot read {audio!r}: {exc}") from exc
+        loaded = decode_audio(audio)
+    except ValueError as exc:
+        raise ValueError(f"LoadAudio: {exc}") from None
     if loaded is None:
-        raise ValueError(f"LoadAudio: file {audio!r} has no audio stream")
+        raise ValueError(f"LoadAudio: file {audio.name!r} has no audio stream")
     return (loaded,)
-
-
-def _load_audio_fingerprint(audio: str, **_other: Any) -> str:
-    return file_sha256(annotated_path(audio))
-
-
-def _load_audio_validate(audio: Any = None, **_other: Any) -> bool | str:
-    return check_input_file("LoadAudio", "audio", audio)
 
 
 def _write_flacs(node: str, audio: dict, prefix: str, kind: str, metadata: dict) -> list[dict[str, str]]:
@@ -131,11 +106,6 @@ def _save_audio(audio: dict, filename_prefix: str = "audio/ComfyUI", prompt: Any
 def _preview_audio(audio: dict, prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
     written = _write_flacs("PreviewAudio", audio, temp_prefix(), "temp", file_metadata(prompt, extra_pnginfo))
     return NodeOutput.of(audio, ui={"audio": written})
-
-
-def _file_choice(name: str, suffixes: tuple[str, ...], upload_option: str) -> Any:
-    spec = Input.combo(name, lambda: list_input_files(suffixes), folder=input_folder)
-    return dataclasses.replace(spec, options={**spec.options, upload_option: True})
 
 
 _HIDDEN_METADATA = [Input.hidden("prompt", "PROMPT"), Input.hidden("extra_pnginfo", "EXTRA_PNGINFO")]
@@ -169,9 +139,9 @@ NODES = [
         node_id="LoadVideo", display_name="Load Video", category="video", python_module="comfy_extras.nodes_video",
         description="Opens a video file from the input folder, sound included. Only its header is read here; "
                     "frames are decoded by whichever node needs them.",
-        execute=_load_video, inputs=[_file_choice("file", VIDEO_EXTENSIONS, "video_upload")],
+        # Hashing a whole video on every run would cost more than it saves: size and change time identify it.
+        execute=_load_video, inputs=[Input.file("file", extensions=VIDEO_EXTENSIONS, identity="stat", upload="video")],
         outputs=[Output("VIDEO")],
-        fingerprint=_load_video_fingerprint, validate_inputs=_load_video_validate, validate_takes=frozenset({"file"}),
         search_aliases=("import video", "open video", "video file"),
     ),
     NodeSpec(
@@ -211,9 +181,8 @@ NODES = [
     NodeSpec(
         node_id="LoadAudio", display_name="Load Audio", category="audio", python_module="comfy_extras.nodes_audio",
         description="Reads the first sound track of a sound or video file in the input folder.",
-        execute=_load_audio, inputs=[_file_choice("audio", AUDIO_EXTENSIONS + VIDEO_EXTENSIONS, "audio_upload")],
+        execute=_load_audio, inputs=[Input.file("audio", extensions=AUDIO_EXTENSIONS + VIDEO_EXTENSIONS, upload="audio")],
         outputs=[Output("AUDIO")],
-        fingerprint=_load_audio_fingerprint, validate_inputs=_load_audio_validate, validate_takes=frozenset({"audio"}),
         search_aliases=("import audio", "open audio", "audio file"),
     ),
     NodeSpec(
