@@ -3,18 +3,18 @@
 kernels/linear.py's `linear` hands every call whose weight is a `QuantizedWeight` to this op. Its
 backends, in priority order:
   int8_compiled  the int8 product below with its two elementwise stages each fused by torch.compile
-         (prologue, pre-scale, rotation and per-token quantization; rescale and epilogue), once per
-         shape class; chosen automatically for products large enough to repay compiling.
-  int8   int8 weights (rotated or not): the activation is rotated online by the same block-diagonal
-         Hadamard as the weight, quantized per token (row scale = max |x| / 127), multiplied with
-         int32 accumulation (`torch._int_mm`) and rescaled by row scale x weight row scale in
-         float32. CPU and CUDA.
-  fp8    float8 weights on a CUDA device with float8 matrix units (compute capability 8.9+): the
-         activation is cast to float8-e4m3 with the layer's `input_scale` (1.0 without one, clamped
-         to +-448) and multiplied by `torch._scaled_mm`.
-  eager  the reference for every format: dequantize the weight (kernels/quantized.py), then the
-         float Linear's eager reference. Formats without a native product here (nvfp4, mxfp8) and
-         layers marked `full_precision` run only this.
+                 (prologue, pre-scale, rotation and per-token quantization; rescale and epilogue),
+                 once per shape class; chosen automatically for products large enough to repay compiling.
+  int8           int8 weights (rotated or not): the activation is rotated online by the same
+                 block-diagonal Hadamard as the weight, quantized per token (row scale = max |x| / 127),
+                 multiplied with int32 accumulation (`torch._int_mm`) and rescaled by row scale x
+                 weight row scale in float32. CPU and CUDA.
+  fp8            float8 weights on a CUDA device with float8 matrix units (compute capability 8.9+):
+                 the activation is cast to float8-e4m3 with the layer's `input_scale` (1.0 without
+                 one, clamped to +-448) and multiplied by `torch._scaled_mm`.
+  eager          the reference for every format: dequantize the weight (kernels/quantized.py), then
+                 the float Linear's eager reference. Formats without a native product here (nvfp4,
+                 mxfp8) and layers marked `full_precision` run only this.
 An nvfp4 layer's `pre_quant_scale` multiplies the input (after the prologue) on every path.
 """
 from __future__ import annotations
