@@ -11,8 +11,9 @@ process). Measured side by side in one run:
   - events per second delivered to 1 vs 100 websocket clients subscribed to all jobs (worker server);
   - per-job time of a cached no-op prompt end to end (POST until the client's websocket says the job
     is over), in-process vs worker: the difference is what the worker process costs per job;
-  - GET /queue latency (median, p99) while a CPU-bound node runs, in-process vs worker: a pure-Python
-    loop, and a node that holds the interpreter in long native calls (big-integer arithmetic).
+  - GET /queue latency (median, p99) with no job running, and while a CPU-bound node runs, in-process vs
+    worker: a pure-Python loop, and a node that holds the interpreter in long native calls (big-integer
+    arithmetic).
 The last line is one JSON object with the figures.
 """
 from __future__ import annotations
@@ -251,6 +252,14 @@ async def measure(url: str, in_process_url: str) -> dict:
             worker_jobs += await job_times(session, url, NOOP_JOBS // 4, f"noop-w{round_index}")
             in_process_jobs += await job_times(session, in_process_url, NOOP_JOBS // 4, f"noop-i{round_index}")
         queue = {}
+        for where, target in (("worker", url), ("in_process", in_process_url)):  # the baseline: no job runs
+            idle = []
+            for _ in range(200):
+                started = time.perf_counter()
+                async with session.get(target + "/queue") as response:
+                    await response.read()
+                idle.append(time.perf_counter() - started)
+            queue[(where, "idle")] = idle
         for mode in ("python", "native"):
             queue[("worker", mode)] = await queue_latencies_during_spin(session, url, mode, seed=1)
             queue[("in_process", mode)] = await queue_latencies_during_spin(session, in_process_url, mode, seed=2)
@@ -272,9 +281,10 @@ async def measure(url: str, in_process_url: str) -> dict:
     }
     figures["worker_overhead_per_job_ms"] = figures["noop_job_worker_median_ms"] - figures["noop_job_in_process_median_ms"]
     for (where, mode), values in queue.items():
-        figures[f"queue_during_{mode}_spin_{where}_median_ms"] = statistics.median(values) * 1000
-        figures[f"queue_during_{mode}_spin_{where}_p99_ms"] = percentile(values, 0.99) * 1000
-        figures[f"queue_during_{mode}_spin_{where}_requests"] = len(values)
+        name = "queue_idle" if mode == "idle" else f"queue_during_{mode}_spin"
+        figures[f"{name}_{where}_median_ms"] = statistics.median(values) * 1000
+        figures[f"{name}_{where}_p99_ms"] = percentile(values, 0.99) * 1000
+        figures[f"{name}_{where}_requests"] = len(values)
     return figures
 
 
@@ -347,11 +357,13 @@ def main() -> int:
           f"{figures['noop_job_worker_mean_ms'] - figures['noop_job_in_process_mean_ms']:>11.2f} ms")
     print()
     print(f"{'GET /queue while a node computes':<40}{'in-process':>14}{'worker':>14}{'ratio':>14}")
-    for mode in ("python", "native"):
+    for mode in ("idle", "python", "native"):
+        name = "queue_idle" if mode == "idle" else f"queue_during_{mode}_spin"
+        label = "no job running" if mode == "idle" else f"{mode} loop"
         for stat in ("median", "p99"):
-            inside = figures[f"queue_during_{mode}_spin_in_process_{stat}_ms"]
-            worker = figures[f"queue_during_{mode}_spin_worker_{stat}_ms"]
-            print(f"{f'  {mode} loop, {stat}':<40}{inside:>11.2f} ms{worker:>11.2f} ms{inside / max(worker, 1e-9):>13.1f}x")
+            inside = figures[f"{name}_in_process_{stat}_ms"]
+            worker = figures[f"{name}_worker_{stat}_ms"]
+            print(f"{f'  {label}, {stat}':<40}{inside:>11.2f} ms{worker:>11.2f} ms{inside / max(worker, 1e-9):>13.1f}x")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
     return 0
 
