@@ -103,3 +103,36 @@ def test_an_interrupt_that_is_not_honoured_kills_the_worker_after_the_grace_peri
     worker.make_transport = lambda: transports.append(ScriptedTransport([])) or transports[-1]
     outcome = worker.run(JobRequest("k", {}), control)
     assert not outcome.killed and outcome.status == "interrupted" and not transports[0].killed
+
+
+class NeverStarts(ScriptedTransport):
+    """A worker whose runtime fails to build: it ends before saying it is ready."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.outbox = []
+
+    def receive(self, timeout: float):
+        raise WorkerDied("the job worker process ended (exit code 1)")
+
+
+def test_a_worker_that_cannot_start_fails_its_job_with_the_reason(tmp_path):
+    import time
+
+    from execution.jobs import JobHooks, JobRunner, JobStore
+
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    worker = RemoteWorker(NeverStarts, EventBus(), grace_s=1)
+    runner = JobRunner(store, JobHooks(validate=None, run=None, make_control=JobControl), worker=worker)
+    store.add("a", {}, number=1)
+    store.add("b", {}, number=2)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while store.get("b").status in ("pending", "running"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    runner.stop()
+    for job_id in ("a", "b"):
+        job = store.get(job_id)
+        assert job.status == "error" and job.attempts == 1
+        assert "could not start" in job.error["exception_message"]
