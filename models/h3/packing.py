@@ -36,7 +36,7 @@ TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2
 FRAME_UNITS = 5.0 / 3.0                 # clock units per pixel frame (40 units/s at 24 fps)
 VIDEO_CONDITION_T = 0.999               # timestep label (and noise level 1 - t) of visual condition rows
 AUDIO_CONDITION_T = 1.0                 # audio condition rows are clean
-MASK_LEVELS = 256                       # noise masks are quantised to steps of 1/256
+FULL_MASK = 1.0 - 1e-3                  # a noise mask at or above this everywhere means "generate everything"
 PATCH = (1, 2, 2)                       # (t, h, w) patch of the video rows
 SPATIAL_EXTENT = 32.0                   # area-normalised coordinates span about 32 units
 
@@ -149,13 +149,16 @@ class ConditionItem:
     kind: str = "image"
 
 
-def _pad_to_patches(video: torch.Tensor) -> torch.Tensor:
-    # (24, t, h, w) with an odd h or w -> whole 2x2 patches by repeating the last row / column, as the
-    # transformer pads an odd target grid.
+def pad_to_patches(video: torch.Tensor) -> torch.Tensor:
+    """(..., h, w) with an odd h or w -> whole 2x2 patches, padded at the end with the opposite edge's
+    first row / column (circular), the way the reference transformer pads its latents."""
     pad_h, pad_w = video.shape[-2] % 2, video.shape[-1] % 2
     if not (pad_h or pad_w):
         return video
-    return torch.nn.functional.pad(video, (0, pad_w, 0, pad_h), mode="replicate")
+    shape = video.shape
+    flat = video.reshape(-1, 1, shape[-2], shape[-1])          # circular padding wants a (N, C, H, W) tensor
+    padded = torch.nn.functional.pad(flat, (0, pad_w, 0, pad_h), mode="circular")
+    return padded.reshape(*shape[:-2], shape[-2] + pad_h, shape[-1] + pad_w)
 
 
 def _batch_item(tensor: torch.Tensor | None, index: int, ndim: int, what: str) -> torch.Tensor | None:
@@ -197,7 +200,7 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
                 raise ValueError(f"{what} latent has shape {tuple(video.shape)}; expected ({VIDEO_CHANNELS}, t, "
                                  f"{latent_h}, {latent_w}) to match the target latent grid")
             if padded == (latent_h, latent_w):
-                video = _pad_to_patches(video)
+                video = pad_to_patches(video)
             end = index + pixel_frames(video.shape[1])
             if end > target_frames:
                 raise ValueError(f"{what} covers frames {index}..{end - 1} but the clip has {target_frames} frames")
@@ -219,7 +222,7 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
         if kind == "audio" and audio is None:
             raise ValueError(f"{what} of kind 'audio' has no audio_latent")
         if video is not None:
-            video = _pad_to_patches(video)
+            video = pad_to_patches(video)
         items.append(ConditionItem("reference", video=video if kind != "audio" else None,
                                    audio=audio if kind != "image" else None, kind=kind))
     return items
@@ -312,25 +315,28 @@ def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row timestep t = 1 - sigma (float64, 1 = clean) and modality tag (long) of a packed sequence.
 
-    Text follows the video stream; target rows are at their stream's sigma, times their noise-mask value
-    when a mask (patch grid (T, h, w) for video, (Ta,) for audio) is given; visual condition rows are held
-    at t = max(t_video, 0.999) and audio condition rows at t = 1.
+    Text follows the video stream; visual condition rows are held at t = max(t_video, 0.999) and audio
+    condition rows at max(t_audio, 1). Target rows are at their stream's t, or, under a noise mask (patch
+    grid (T, h, w) for video, (Ta,) for audio; 1 = generate), at 1 - m * sigma capped at the level their
+    stream's condition rows sit at: a kept row (m = 0) of video at max(t_video, 0.999), of audio at
+    max(t_audio, 1). A mask at or above 1 - 1e-3 everywhere is no mask.
     """
     t_v, t_a = 1.0 - sigma_video, 1.0 - sigma_audio
-    fixed = {"text": t_v, "video": t_v, "audio": t_a,
-             "cond_video": max(t_v, VIDEO_CONDITION_T), "ref_video": max(t_v, VIDEO_CONDITION_T),
-             "cond_audio": max(t_a, AUDIO_CONDITION_T), "ref_audio": max(t_a, AUDIO_CONDITION_T)}
+    pinned_v, pinned_a = max(t_v, VIDEO_CONDITION_T), max(t_a, AUDIO_CONDITION_T)
+    fixed = {"text": t_v, "video": t_v, "audio": t_a, "cond_video": pinned_v, "ref_video": pinned_v,
+             "cond_audio": pinned_a, "ref_audio": pinned_a}
+    masked = {}
+    if video_mask is not None and not bool((video_mask >= FULL_MASK).all()):
+        masked["video"] = (1.0 - video_mask.reshape(-1).double().cpu() * sigma_video).clamp(max=pinned_v)
+    if audio_mask is not None and not bool((audio_mask >= FULL_MASK).all()):
+        # Both stereo lanes of a latent frame share its mask value (rows are lane-major).
+        rows = 1.0 - audio_mask.reshape(-1).double().cpu().repeat(2) * sigma_audio
+        masked["audio"] = rows.clamp(max=pinned_a)
     t_rows = torch.empty(layout.seq_len, dtype=torch.float64)
     tags = torch.empty(layout.seq_len, dtype=torch.long)
     for seg in layout.segments:
         tags[seg.start:seg.stop] = seg.tag
-        if seg.role == "video" and video_mask is not None:
-            t_rows[seg.start:seg.stop] = 1.0 - video_mask.reshape(-1).double().cpu() * sigma_video
-        elif seg.role == "audio" and audio_mask is not None:
-            # Both stereo lanes of a latent frame share its mask value (rows are lane-major).
-            t_rows[seg.start:seg.stop] = 1.0 - audio_mask.reshape(-1).double().cpu().repeat(2) * sigma_audio
-        else:
-            t_rows[seg.start:seg.stop] = fixed[seg.role]
+        t_rows[seg.start:seg.stop] = masked[seg.role] if seg.role in masked else fixed[seg.role]
     return t_rows, tags
 
 
@@ -346,9 +352,9 @@ def _reference_span(item: ConditionItem) -> float:
 
 # Noise masks (1 = generate, 0 = keep) ------------------------------------------------------------
 
-def quantise_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Clamp to [0, 1] and round to steps of 1/256."""
-    return torch.round(mask.float().clamp(0.0, 1.0) * MASK_LEVELS) / MASK_LEVELS
+def clamp_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The mask as float32 values clamped to [0, 1] (no rounding: each row runs at its own strength)."""
+    return mask.float().clamp(0.0, 1.0)
 
 
 def reduce_video_mask(mask: torch.Tensor, batch: int, latent_t: int, latent_h: int, latent_w: int) -> torch.Tensor:
@@ -356,7 +362,8 @@ def reduce_video_mask(mask: torch.Tensor, batch: int, latent_t: int, latent_h: i
 
     Accepts (H, W), (T, H, W), (B, T, H, W) or (B, C, T, H, W). T may be 1, latent_t or the pixel frame
     count; H, W may be the latent size or any multiple of it (pixel masks). Reduction is by max (a
-    patch is generated if any of its values is), then quantised to 1/256.
+    patch is generated if any of its values is); odd sizes are padded by repeating the last row / column
+    first, as the reference does for masks.
     """
     m = mask.float()
     if m.dim() == 2:
@@ -394,11 +401,11 @@ def reduce_video_mask(mask: torch.Tensor, batch: int, latent_t: int, latent_h: i
     if pad_h or pad_w:
         m = torch.nn.functional.pad(m, (0, pad_w, 0, pad_h), mode="replicate")
     m = torch.nn.functional.max_pool2d(m, kernel_size=2)
-    return quantise_mask(m)
+    return clamp_mask(m)
 
 
 def reduce_audio_mask(mask: torch.Tensor, batch: int, audio_t: int) -> torch.Tensor:
-    """An audio noise mask reduced to one value per latent frame: (batch, audio_t), by max, quantised to 1/256.
+    """An audio noise mask reduced to one value per latent frame: (batch, audio_t), by max, clamped to [0, 1].
 
     Accepts (T,), (B, T), (B, C, T) or (B, C, 2, T) with T = audio_t (or 1).
     """
@@ -411,7 +418,7 @@ def reduce_audio_mask(mask: torch.Tensor, batch: int, audio_t: int) -> torch.Ten
         raise ValueError(f"audio noise mask of shape {tuple(mask.shape)} does not fit {audio_t} audio latent frames")
     if m.shape[0] not in (1, batch):
         raise ValueError(f"audio noise mask batch {m.shape[0]} does not match latent batch {batch}")
-    return quantise_mask(m.expand(batch, audio_t))
+    return clamp_mask(m.expand(batch, audio_t))
 
 
 def expand_video_mask(patch_mask: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
@@ -430,6 +437,6 @@ __all__ = [
     "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "FrameCoordinates", "frame_coordinates",
     "video_positions", "text_positions",
     "audio_positions", "ConditionItem", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",
-    "quantise_mask", "reduce_video_mask", "reduce_audio_mask", "expand_video_mask", "expand_audio_mask",
+    "clamp_mask", "pad_to_patches", "reduce_video_mask", "reduce_audio_mask", "expand_video_mask", "expand_audio_mask",
     "latent_frames",
 ]

@@ -332,7 +332,7 @@ class H3Transformer(nn.Module):
         video (B, 24, T, H, W), audio (B, 32, 2, Ta), context (B, L, text_dim) with optional boolean
         context_mask (B, L); sigma_video / sigma_audio: the streams' noise levels; conditions: per batch
         element, the condition items (models/h3/packing.py); video_mask (B, T, ceil(H/2), ceil(W/2)) and
-        audio_mask (B, Ta): quantised per-row noise masks (1 = generate). Returns float32
+        audio_mask (B, Ta): per-row noise masks in [0, 1] (1 = generate). Returns float32
         (B, 24, T, H, W) and (B, 32, 2, Ta).
         """
         cfg = self.config
@@ -344,10 +344,9 @@ class H3Transformer(nn.Module):
             raise ValueError(f"conditioning width {context.shape[-1]} does not match the model's text width {cfg.text_dim}")
         if audio.shape[0] != b or context.shape[0] not in (1, b):
             raise ValueError(f"batch sizes differ: video {b}, audio {audio.shape[0]}, conditioning {context.shape[0]}")
-        # Latent sizes that are not whole patches are padded by repetition; the output is cropped back.
-        pad_h, pad_w = h % 2, w % 2
-        if pad_h or pad_w:
-            video = F.pad(video.flatten(0, 1), (0, pad_w, 0, pad_h), mode="replicate").view(b, c, t, h + pad_h, w + pad_w)
+        # Latent sizes that are not whole patches are padded circularly (the reference's padding); the
+        # output is cropped back.
+        video = packing.pad_to_patches(video)
         v_out, a_out = [], []
         for i in range(b):
             text = context[i if context.shape[0] > 1 else 0]
