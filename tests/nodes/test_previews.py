@@ -45,6 +45,8 @@ def test_projection_is_cached_beside_the_model_and_refitted_when_the_file_change
                                                                                    monkeypatch):
     install(tiny_weights(tmp_path_factory), tmp_path)
     path = tmp_path / "models" / "vae" / TINY_NAMES["video_vae"][1]
+    # Another test of this process may have fitted the same weights; this one starts as a new process would.
+    monkeypatch.setattr(previews, "_fits_by_file", {})
     first = previews.projection_for(_video_vae(path))
     cache = path.with_name(path.name + previews.CACHE_SUFFIX)
     assert cache.is_file() and json.loads(cache.read_text())["patch"] == 16
