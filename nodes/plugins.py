@@ -1,7 +1,10 @@
 """The custom-node plugin loader: import node packs from `custom_nodes/` folders, never letting one break the rest.
 
 A plugin is a package (a folder with `__init__.py`) or a single `.py` module in a custom-nodes folder.
-It is imported as `custom_nodes.<name>` and may expose:
+It is imported as `custom_nodes.<name>` and, as ComfyUI allows, also answers to its own folder name
+(`import <name>.sub` inside the pack), unless that name is not an identifier or is taken by Weft's
+own top-level modules or another importable module: then only the alias is refused, with a warning.
+It may expose:
 
 - `NODE_CLASS_MAPPINGS` (with optional `NODE_DISPLAY_NAME_MAPPINGS`): classic ComfyUI node classes,
   adapted into NodeSpecs by `nodes.classic.specs_from_mappings`;
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import keyword
 import logging
 import sys
 import time
@@ -48,6 +52,9 @@ COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
+WEFT_ROOT = Path(__file__).resolve().parents[1]
+# alias -> the plugin module it stands for, so a re-load may replace its own alias and nothing else
+_ALIASES: dict[str, str] = {}
 
 
 @dataclass
@@ -62,6 +69,7 @@ class PluginReport:
     node_ids: tuple[str, ...] = ()  # registered node ids, in declaration order
     web_directory: Path | None = None  # served at /extensions/<name>/ when loaded
     module: str = ""  # the Python module name, e.g. custom_nodes.my_pack
+    alias: str = ""  # the pack's own top-level name it also answers to, e.g. my_pack (empty when refused)
     warnings: list[str] = field(default_factory=list)  # problems that did not stop the plugin
     slow: bool = False  # import took longer than the slow-import threshold
 
@@ -71,7 +79,7 @@ class PluginReport:
             "name": self.name, "path": str(self.path), "status": self.status, "reason": self.reason,
             "import_seconds": round(self.import_seconds, 4), "node_ids": list(self.node_ids),
             "web_directory": str(self.web_directory) if self.web_directory else None,
-            "module": self.module, "warnings": list(self.warnings), "slow": self.slow,
+            "module": self.module, "alias": self.alias, "warnings": list(self.warnings), "slow": self.slow,
         }
 
 
@@ -125,8 +133,41 @@ def module_name_for(name: str) -> str:
 
 
 def _forget_module(module_name: str) -> None:
+    for alias in [a for a, target in _ALIASES.items() if target == module_name]:
+        del _ALIASES[alias]
+        _forget_module(alias)
     for key in [k for k in sys.modules if k == module_name or k.startswith(module_name + ".")]:
         del sys.modules[key]
+
+
+def _weft_top_level_names() -> set[str]:
+    """Names of Weft's own top-level folders and modules (a pack alias must not shadow them)."""
+    return {entry.name if entry.is_dir() else entry.stem for entry in WEFT_ROOT.iterdir()
+            if not entry.name.startswith((".", "_")) and (entry.is_dir() or entry.suffix == ".py")}
+
+
+def alias_refusal(name: str, module_name: str, plugin_root: Path) -> str | None:
+    """Why the plugin `name` may not also be registered under that top-level name, or None when it may."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        return f"its name {name!r} is not a Python identifier, so `import {name}` could never work"
+    if name in _weft_top_level_names() or name == PACKAGE:
+        return f"the name {name!r} is one of Weft's own top-level modules"
+    if _ALIASES.get(name, module_name) != module_name:
+        return f"the name {name!r} already stands for the plugin module {_ALIASES[name]}"
+    if name in _ALIASES:
+        return None  # this plugin's own alias from an earlier load
+    if name in sys.modules:
+        return f"a module named {name!r} is already imported"
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.origin:
+        try:
+            Path(found.origin).resolve().relative_to(plugin_root)
+        except (ValueError, OSError):
+            return f"an installed module named {name!r} exists ({found.origin})"
+    return None
 
 
 # ---------------------------------------------------------------------- one plugin
@@ -166,7 +207,7 @@ def _import_reason(exc: BaseException, plugin_root: Path) -> str:
     return f"{type(exc).__name__} while importing: {exc}{_where(exc, plugin_root)}"
 
 
-def _import(path: Path, module_name: str) -> types.ModuleType:
+def _import(path: Path, module_name: str, alias: str = "") -> types.ModuleType:
     if path.is_dir():
         init = path / "__init__.py"
         if not init.is_file():
@@ -177,8 +218,12 @@ def _import(path: Path, module_name: str) -> types.ModuleType:
     if spec is None or spec.loader is None:
         raise PluginError(f"cannot create an import spec for {path}")
     module = importlib.util.module_from_spec(spec)
-    _forget_module(module_name)  # a re-load starts clean, submodules included
+    _forget_module(module_name)  # a re-load starts clean, submodules and alias included
     sys.modules[module_name] = module
+    if alias:
+        # Before the pack's code runs: its __init__ may import its own submodules by name.
+        _ALIASES[alias] = module_name
+        sys.modules[alias] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
@@ -250,10 +295,15 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
     enable_compat()
     _ensure_parent_package()
     plugin_root = path if path.is_dir() else path.parent
+    refused = alias_refusal(name, module_name, path)
+    if refused is None:
+        report.alias = name
+    else:
+        report.warnings.append(f"not importable as '{name}' (only as {module_name}): {refused}")
     started = time.perf_counter()
     try:
         try:
-            module = _import(path, module_name)
+            module = _import(path, module_name, report.alias)
         except PluginError:
             raise
         except (Exception, SystemExit) as exc:
@@ -290,6 +340,8 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         logger.debug("plugin %s registration traceback", name, exc_info=exc)
         report.reason = f"{type(exc).__name__} while declaring nodes: {exc}{_where(exc, plugin_root)}"
         _forget_module(module_name)
+    if report.status != "loaded":
+        report.alias = ""
     return report
 
 

@@ -216,6 +216,46 @@ def test_reload_re_imports_a_package_from_scratch(tmp_path):
     assert report.status == "failed" and "RuntimeError while importing: edited (nodes.py:1)" in report.reason
 
 
+def _self_importing_pack(folder: Path, name: str) -> Path:
+    pack = folder / name
+    pack.mkdir(parents=True)
+    (pack / "__init__.py").write_text(f"from {name}.nodes import NODE_CLASS_MAPPINGS\n")
+    (pack / "nodes.py").write_text((STARTUP / "good_single.py").read_text())
+    return pack
+
+
+def test_a_pack_imports_itself_by_its_folder_name(tmp_path):
+    pack = _self_importing_pack(tmp_path, f"self_pack_{uuid.uuid4().hex[:8]}")
+    report = plugins.load_plugin(builtin_registry(), pack)
+    assert report.status == "loaded" and report.alias == pack.name and report.warnings == []
+    assert sys.modules[pack.name] is sys.modules[plugins.module_name_for(pack.name)]
+    assert importlib.import_module(f"{pack.name}.nodes").FixtureGood(  # the pack's own submodule, by name
+        ).run(4) == (8,)
+    (pack / "nodes.py").write_text("raise RuntimeError('edited')\n")
+    assert plugins.load_plugin(builtin_registry(), pack).status == "failed"
+    assert pack.name not in sys.modules  # a failed re-load leaves no alias behind
+
+
+@pytest.mark.parametrize("name, why", [("execution", "one of Weft's own top-level modules"),
+                                       ("json", "a module named 'json' is already imported")])
+def test_a_clashing_folder_name_refuses_the_alias_but_loads_the_pack(tmp_path, caplog, name, why):
+    import json
+
+    own = sys.modules[name]
+    pack = tmp_path / name
+    pack.mkdir()
+    (pack / "__init__.py").write_text("from .nodes import NODE_CLASS_MAPPINGS\n")
+    (pack / "nodes.py").write_text((STARTUP / "good_single.py").read_text().replace("FixtureGood", "FixtureClash"))
+    caplog.set_level(logging.INFO, logger="nodes.plugins")
+    registry = builtin_registry()
+    [report] = plugins.load_plugins(registry, [tmp_path])
+    assert report.status == "loaded" and report.alias == "" and "FixtureClash" in registry
+    assert sys.modules[name] is own and json.dumps([1]) == "[1]"
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(line.startswith(f"custom node plugin '{name}': not importable as '{name}'") and why in line
+               for line in lines), lines
+
+
 # ---------------------------------------------------------------------- command line and runtime
 @pytest.fixture
 def restore_runtime():
