@@ -21,7 +21,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from execution.worker import RuntimeRecipe
-from web import files, routes
+from web import files, logs, routes
 from web.flags import build_parser  # noqa: F401 (the server's flags, torch- and aiohttp-free)
 from web.security import SecurityConfig, is_loopback_host, security_middleware
 from web.state import STATE_KEY, AppRuntime, ServerConfig, ServerState
@@ -36,6 +36,7 @@ def route_table() -> list[tuple[str, str, Any]]:
     table: list[tuple[str, str, Any]] = []
     routes.add_routes(table)
     files.add_routes(table)
+    logs.add_routes(table)
     return table
 
 
@@ -79,6 +80,7 @@ def create_app(runtime: AppRuntime, config: ServerConfig) -> web.Application:
         for method, path, handler in route_table():
             app.router.add_route(method, prefix + path, handler)
     files.add_unprefixed_routes(app)
+    logs.install(app)
     app.on_startup.append(state.startup)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(state.shutdown)

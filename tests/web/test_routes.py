@@ -384,3 +384,35 @@ def test_large_json_is_gzipped_only_when_accepted(server):
     assert status == 200 and "Content-Encoding" not in headers and json.loads(body) == plain
     status, headers, _ = http("GET", server.url + "/features", headers={"Accept-Encoding": "gzip"})
     assert status == 200 and "Content-Encoding" not in headers  # small bodies go as they are
+
+
+def test_logs_panel_gets_recent_lines_and_live_ones(light_server):
+    """The editor's logs panel: recent lines as text and raw entries, then new lines pushed to a subscriber."""
+    import asyncio
+    import logging
+
+    import aiohttp
+
+    marker = f"log line {uuid.uuid4().hex}"
+    logging.getLogger("weft.test").warning(marker)
+    status, raw = get_json(light_server.url + "/internal/logs/raw")
+    assert status == 200 and raw["size"]["cols"] > 0 and raw["size"]["rows"] > 0
+    assert any(marker in entry["m"] and entry["t"] for entry in raw["entries"])
+    status, text = get_json(light_server.url + "/internal/logs")
+    assert status == 200 and marker in text
+    assert http("PATCH", light_server.url + "/internal/logs/subscribe", {"clientId": 3})[0] == 400
+
+    async def scenario() -> dict:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(light_server.url + "/ws?clientId=logreader") as ws:
+                async with session.patch(light_server.url + "/internal/logs/subscribe",
+                                         json={"clientId": "logreader", "enabled": True}) as reply:
+                    assert reply.status == 200
+                logging.getLogger("weft.test").warning("pushed %s", marker)
+                while True:
+                    message = await ws.receive_json(timeout=10)
+                    if message["type"] == "logs":
+                        return message["data"]
+
+    pushed = asyncio.run(scenario())
+    assert any(f"pushed {marker}" in entry["m"] for entry in pushed["entries"]) and pushed["size"]["cols"] > 0

@@ -1,0 +1,122 @@
+"""The editor's logs panel: the server process's recent log lines, and new ones pushed to subscribers.
+
+`/internal/logs` answers the recent lines as one text, `/internal/logs/raw` as `{entries: [{t, m}], size:
+{cols, rows}}`, and `PATCH /internal/logs/subscribe` (`{clientId, enabled}`) turns on or off a `logs`
+websocket event for that client with each new batch of lines (ComfyUI's shapes). Lines logged inside the
+job worker process stay in that process's own output.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import shutil
+import threading
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+from web.security import json_error
+from web.state import STATE_KEY
+
+LOG_LINES_KEPT = 1000
+TERMINAL_FALLBACK = (120, 40)  # columns, rows reported when the server has no terminal
+
+
+class LogBuffer(logging.Handler):
+    """A logging handler keeping the last `capacity` lines and pushing new ones to subscribed clients."""
+
+    def __init__(self, capacity: int = LOG_LINES_KEPT) -> None:
+        super().__init__(level=logging.INFO)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.entries: deque[dict[str, str]] = deque(maxlen=capacity)
+        self.subscribers: set[str] = set()
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.hub: Any = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stamp = datetime.datetime.fromtimestamp(record.created).isoformat(timespec="milliseconds")
+            entry = {"t": stamp, "m": self.format(record) + "\n"}
+        except Exception:  # a record that cannot be formatted is left out, never raised into the caller
+            return
+        with self.lock:
+            self.entries.append(entry)
+            clients = list(self.subscribers)
+        if clients and self.loop is not None and self.hub is not None:
+            data = {"entries": [entry], "size": terminal_size()}
+            try:
+                self.loop.call_soon_threadsafe(self._push, clients, data)
+            except RuntimeError:  # the loop is closed: the server is stopping
+                pass
+
+    def _push(self, clients: list[str], data: dict) -> None:
+        for client in clients:
+            if client in self.hub.clients:
+                self.hub.send_json("logs", data, client)
+
+    def snapshot(self) -> list[dict[str, str]]:
+        """The kept lines, oldest first."""
+        with self.lock:
+            return list(self.entries)
+
+
+def terminal_size() -> dict[str, int]:
+    """The server's terminal size as the panel wants it (a fallback when it has none)."""
+    size = shutil.get_terminal_size(TERMINAL_FALLBACK)
+    return {"cols": size.columns, "rows": size.lines}
+
+
+LOGS_KEY = web.AppKey("weft_logs", LogBuffer)
+
+
+async def get_logs(request: web.Request) -> web.Response:
+    """The recent lines as one text."""
+    return web.json_response("".join(f"{e['t']} - {e['m']}" for e in request.app[LOGS_KEY].snapshot()))
+
+
+async def get_raw_logs(request: web.Request) -> web.Response:
+    """The recent lines and the terminal size."""
+    return web.json_response({"entries": request.app[LOGS_KEY].snapshot(), "size": terminal_size()})
+
+
+async def patch_subscribe(request: web.Request) -> web.Response:
+    """Turn the `logs` websocket event on or off for one client."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return json_error(400, "the body must be JSON: {\"clientId\": ..., \"enabled\": true|false}")
+    if not isinstance(body, dict) or not isinstance(body.get("clientId"), str) or \
+            not isinstance(body.get("enabled"), bool):
+        return json_error(400, "expected {\"clientId\": string, \"enabled\": true|false}")
+    buffer = request.app[LOGS_KEY]
+    with buffer.lock:
+        if body["enabled"]:
+            buffer.subscribers.add(body["clientId"])
+        else:
+            buffer.subscribers.discard(body["clientId"])
+    return web.Response(status=200)
+
+
+def add_routes(table: list[tuple[str, str, Any]]) -> None:
+    """Append the log routes (registered bare and under /api)."""
+    table.extend([("GET", "/internal/logs", get_logs), ("GET", "/internal/logs/raw", get_raw_logs),
+                  ("PATCH", "/internal/logs/subscribe", patch_subscribe)])
+
+
+def install(app: web.Application) -> None:
+    """Keep the process's log lines for this application while it runs."""
+    buffer = app[LOGS_KEY] = LogBuffer()
+
+    async def start(app: web.Application) -> None:
+        buffer.loop, buffer.hub = asyncio.get_running_loop(), app[STATE_KEY].hub
+        logging.getLogger().addHandler(buffer)
+
+    async def stop(app: web.Application) -> None:
+        logging.getLogger().removeHandler(buffer)
+        buffer.loop = None
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
