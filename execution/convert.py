@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 from execution.errors import PromptError
-from execution.spec import AUTOGROW, DYNAMIC_COMBO, InputSpec, Registry, widget_inputs
+from execution.spec import AUTOGROW, DYNAMIC_COMBO, InputSpec, Registry, missing_cause_text, widget_inputs
 
 __all__ = ["is_ui_workflow", "to_api_prompt", "ui_to_api"]
 
@@ -438,14 +438,18 @@ class _Converter:
     def _raise_missing(self) -> None:
         listed = ", ".join(f"'{ct}' (node #{nid} '{title}')" for nid, ct, title in self.missing)
         first_id, first_type, first_title = self.missing[0]
+        causes = {ct: self.registry.missing_cause(ct) for _, ct, _ in self.missing}
         raise PromptError(
             "missing_node_type",
-            f"Node '{first_title}' (#{first_id}) has type '{first_type}', which is not registered",
+            f"Node '{first_title}' (#{first_id}) has type '{first_type}', which is not registered"
+            + missing_cause_text(self.registry, first_type),
             f"Node type(s) not registered: {listed}. The custom node may not be installed"
             + (" (legacy group nodes must be converted to subgraphs in the editor)"
                if any(ct in self.group_nodes for _, ct, _ in self.missing) else ""),
             extra_info={"node_id": first_id, "class_type": first_type, "node_title": first_title,
-                        "missing": [{"node_id": nid, "class_type": ct, "node_title": title}
+                        "missing": [{"node_id": nid, "class_type": ct, "node_title": title,
+                                     **({"pack": causes[ct]["source"], "pack_error": causes[ct]["reason"]}
+                                        if causes[ct] else {})}
                                     for nid, ct, title in self.missing]},
         )
 

@@ -396,3 +396,14 @@ class Registry(Protocol):
 
     def __iter__(self) -> Iterator[NodeSpec]:
         """Every registered spec, in registration order."""
+
+    def missing_cause(self, node_id: str) -> dict[str, str] | None:
+        """`{source, reason}` naming the failed plugin that declares the unregistered `node_id`, or None."""
+
+
+def missing_cause_text(registry: Registry, class_type: str) -> str:
+    """'; custom node pack ... failed to load: ...' when a failed plugin declares `class_type`, else ''."""
+    cause = registry.missing_cause(class_type)
+    if cause is None:
+        return ""
+    return f"; it comes from the custom node pack '{cause['source']}', which failed to load: {cause['reason']}"

@@ -19,7 +19,7 @@ import jsonschema
 from execution.errors import PromptError, node_error
 from execution.graph import CycleError, Link, MalformedLink, Prompt, PromptNode, collector_paused
 from execution.rewrite import rewrite_prompt
-from execution.spec import InputSpec, NodeSpec, Registry
+from execution.spec import InputSpec, NodeSpec, Registry, missing_cause_text
 from execution.types import types_compatible
 
 PROMPT_SCHEMA = {
@@ -171,9 +171,11 @@ class _NodeChecker:
     def check_node(self, node: PromptNode) -> bool:
         spec = self.registry.get(node.class_type)
         if spec is None:
+            cause = missing_cause_text(self.registry, node.class_type)
             self.fail(node, node_error(
-                "missing_node_type", f"Node {node.label}: node type '{node.class_type}' is not registered",
-                f"Node type '{node.class_type}' not found. The custom node may not be installed."))
+                "missing_node_type", f"Node {node.label}: node type '{node.class_type}' is not registered{cause}",
+                f"Node type '{node.class_type}' not found. "
+                + ("The custom node may not be installed." if not cause else cause.removeprefix("; ") + ".")))
             return False
         normalized = spec.normalize_input_names(node.inputs)
         if normalized is not node.inputs:
@@ -396,11 +398,15 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
     for node_id, node in prompt.nodes.items():
         spec = registry.get(node.class_type)
         if spec is None:
+            cause = registry.missing_cause(node.class_type)
             raise PromptError(
                 "missing_node_type",
-                f"Node {node.label}: node type '{node.class_type}' is not registered",
+                f"Node {node.label}: node type '{node.class_type}' is not registered"
+                + missing_cause_text(registry, node.class_type),
                 f"Node ID '#{node.id}'",
-                extra_info={"node_id": node.id, "class_type": node.class_type, "node_title": node.title or node.class_type},
+                extra_info={"node_id": node.id, "class_type": node.class_type,
+                            "node_title": node.title or node.class_type,
+                            **({"pack": cause["source"], "pack_error": cause["reason"]} if cause else {})},
             )
         if spec.output_node:
             outputs.append(node_id)

@@ -72,6 +72,8 @@ class PluginReport:
     alias: str = ""  # the pack's own top-level name it also answers to, e.g. my_pack (empty when refused)
     warnings: list[str] = field(default_factory=list)  # problems that did not stop the plugin
     slow: bool = False  # import took longer than the slow-import threshold
+    declared_ids: tuple[str, ...] = ()  # NODE_CLASS_MAPPINGS keys, when the import got that far
+    _source_text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (paths as strings)."""
@@ -81,6 +83,31 @@ class PluginReport:
             "web_directory": str(self.web_directory) if self.web_directory else None,
             "module": self.module, "alias": self.alias, "warnings": list(self.warnings), "slow": self.slow,
         }
+
+    def may_provide(self, node_id: str) -> bool:
+        """Whether this plugin declares `node_id`: a mapping key it got as far as reading, or the id
+        written as a quoted string in its Python source (how a pack that failed to import is traced)."""
+        if node_id in self.declared_ids:
+            return True
+        if self._source_text is None:
+            self._source_text = _read_sources(self.path)
+        return f'"{node_id}"' in self._source_text or f"'{node_id}'" in self._source_text
+
+
+SOURCE_SCAN_FILES = 400  # a failed pack's .py files read at most when tracing a missing node id
+SOURCE_SCAN_BYTES = 2_000_000  # and at most this much of each
+
+
+def _read_sources(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(path.rglob("*.py"))[:SOURCE_SCAN_FILES]
+    texts = []
+    for file in files:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as handle:
+                texts.append(handle.read(SOURCE_SCAN_BYTES))
+        except OSError:
+            continue
+    return "\n".join(texts)
 
 
 class PluginError(Exception):
@@ -312,6 +339,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         finally:
             report.import_seconds = time.perf_counter() - started
         report.slow = report.import_seconds >= slow_import_seconds
+        mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
+        if isinstance(mappings, dict):
+            report.declared_ids = tuple(str(key) for key in mappings)
         web = _web_directory(module, path, report)
         specs = _collect_specs(module, module_name, plugin_root)
         if not specs and web is None:
@@ -342,6 +372,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         _forget_module(module_name)
     if report.status != "loaded":
         report.alias = ""
+        registry.note_failed_source(name, report.reason, report.may_provide)
+    else:
+        registry.forget_failed_source(name)
     return report
 
 

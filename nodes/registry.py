@@ -1,7 +1,7 @@
 """The node registry: every NodeSpec the application knows, built-ins and plugins alike."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from execution.spec import GraphCheck, NodeDefinitionError, NodeSpec
 
@@ -16,6 +16,9 @@ class NodeRegistry:
         # Checks over the whole prompt (such as loop pairing), run by validation after the per-node checks.
         self.graph_checks: list[GraphCheck] = []
         self.generation = 0  # grows with every registration, so memos keyed on it notice changes
+        # Sources that failed to register (plugin name -> (reason, "does it declare this node id?")),
+        # so an unknown node id can be traced to the pack that would have provided it.
+        self._failed_sources: dict[str, tuple[str, Callable[[str], bool]]] = {}
 
     def register(self, spec: NodeSpec, *, origin: str = "built-in", override: bool = False) -> None:
         if not isinstance(spec, NodeSpec):
@@ -50,6 +53,21 @@ class NodeRegistry:
 
     def origin(self, node_id: str) -> str | None:
         return self._origin.get(node_id)
+
+    def note_failed_source(self, source: str, reason: str, provides: Callable[[str], bool]) -> None:
+        """Remember that `source` (a plugin) failed for `reason`; `provides(node_id)` tells its nodes."""
+        self._failed_sources[source] = (reason, provides)
+
+    def forget_failed_source(self, source: str) -> None:
+        """`source` loaded after all (a re-load): stop blaming it."""
+        self._failed_sources.pop(source, None)
+
+    def missing_cause(self, node_id: str) -> dict[str, str] | None:
+        """`{source, reason}` of a failed source that declares the unregistered `node_id`, or None."""
+        for source, (reason, provides) in self._failed_sources.items():
+            if provides(node_id):
+                return {"source": source, "reason": reason}
+        return None
 
     def __contains__(self, node_id: str) -> bool:
         return node_id in self._specs

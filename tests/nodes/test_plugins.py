@@ -256,6 +256,46 @@ def test_a_clashing_folder_name_refuses_the_alias_but_loads_the_pack(tmp_path, c
                for line in lines), lines
 
 
+def test_a_node_of_a_pack_that_failed_to_load_is_reported_with_the_pack_and_its_failure(tmp_path, startup):
+    from execution.convert import ui_to_api
+    from execution.errors import PromptError
+
+    pack = tmp_path / "needs_server"
+    pack.mkdir()
+    (pack / "__init__.py").write_text("from server import PromptServer\nfrom .nodes import NODE_CLASS_MAPPINGS\n")
+    (pack / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {'FixtureNeedsServer': object}\n")
+    registry = builtin_registry()
+    [report] = plugins.load_plugins(registry, [tmp_path])
+    assert report.status == "failed"
+    prompt = {"1": {"class_type": "FixtureNeedsServer", "inputs": {}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    with pytest.raises(PromptError) as info:
+        validate_prompt(prompt, registry)
+    error = info.value.to_json()["error"]
+    assert error["type"] == "missing_node_type"
+    assert ("node type 'FixtureNeedsServer' is not registered; it comes from the custom node pack "
+            "'needs_server', which failed to load: missing module 'server'") in error["message"]
+    assert error["extra_info"]["pack"] == "needs_server" and error["extra_info"]["pack_error"] == report.reason
+    # A UI-format workflow is traced the same way, and an unrelated unknown type blames no pack.
+    ui = {"nodes": [{"id": 1, "type": "FixtureNeedsServer", "mode": 0}, {"id": 2, "type": "NoSuchType", "mode": 0}],
+          "links": []}
+    with pytest.raises(PromptError) as info:
+        ui_to_api(ui, registry)
+    missing = {m["class_type"]: m for m in info.value.extra_info["missing"]}
+    assert "'needs_server', which failed to load" in info.value.message
+    assert missing["FixtureNeedsServer"]["pack"] == "needs_server" and "pack" not in missing["NoSuchType"]
+    # A pack that imported but whose nodes were refused is traced by its mapping keys.
+    startup_registry, reports = startup
+    cause = startup_registry.missing_cause("FixturePartialGood")
+    assert cause == {"source": "partial_pack", "reason": reports["partial_pack"].reason}
+    assert startup_registry.missing_cause("NoSuchType") is None
+    # Once the pack loads (its missing module now there), it is no longer blamed.
+    (pack / "__init__.py").write_text("from .nodes import NODE_CLASS_MAPPINGS\n")
+    (pack / "nodes.py").write_text((STARTUP / "good_single.py").read_text().replace("FixtureGood", "FixtureNeedsServer"))
+    assert plugins.load_plugin(registry, pack).status == "loaded"
+    assert registry.missing_cause("FixtureNeedsServer") is None
+
+
 # ---------------------------------------------------------------------- command line and runtime
 @pytest.fixture
 def restore_runtime():
