@@ -3,10 +3,12 @@
 First a JSON Schema checks the prompt's structure, then every node that an output needs is checked
 against its NodeSpec: class known, required inputs present, links well formed and typed, constants
 coerced and within bounds, choices valid, custom validators, and no cycles. Errors come back in
-ComfyUI's `{error, node_errors}` shape, each message naming the node id, title, class and input.
+ComfyUI's `{error, node_errors}` shape, each message naming the node id, title, class and input
+(except a custom validator's failure, which keeps ComfyUI's fixed message; its details name the input).
 """
 from __future__ import annotations
 
+import inspect
 import marshal
 import math
 import threading
@@ -41,6 +43,7 @@ PROMPT_SCHEMA = {
 _SCHEMA_VALIDATOR = jsonschema.Draft202012Validator(PROMPT_SCHEMA)
 
 INT_MAX = 2**63 - 1
+CUSTOM_VALIDATION_FAILED = "Custom validation failed for node"  # ComfyUI's fixed message, kept for clients
 
 
 @dataclass
@@ -307,15 +310,37 @@ class _NodeChecker:
             return
         if result is True or result is None:
             return
+        # ComfyUI's shape, which clients match on: a fixed message, and one error per input the
+        # validator was given, its details "<input> - <the validator's message>".
+        names = self.validated_names(spec, kwargs)
         problems = result if isinstance(result, (list, tuple)) else [result]
         for problem in problems:
-            if isinstance(problem, dict):
+            if isinstance(problem, dict):  # a problem that names its own input
                 name = problem.get("input_name")
-                self.fail(node, node_error("custom_validation_failed", f"Node {node.label}: {problem.get('message')}",
-                                           str(problem.get("details", problem.get("message"))),
-                                           input_name=name, received_value=node.inputs.get(name)))
+                text = str(problem.get("details", problem.get("message")))
+                self.custom_failure(node, [name] if name else names, text)
             else:
-                self.fail(node, node_error("custom_validation_failed", f"Node {node.label}: {problem}", str(problem)))
+                self.custom_failure(node, names, "" if problem is False else str(problem))
+
+    @staticmethod
+    def validated_names(spec: NodeSpec, given: dict[str, Any]) -> list[str]:
+        """The inputs a validator checks: those it names (in its signature or `validate_takes`),
+        else every input it was given (it takes them all through **kwargs)."""
+        try:
+            params = inspect.signature(spec.validate_inputs).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        named |= spec.validate_takes
+        return [name for name in given if name in named] or list(given)
+
+    def custom_failure(self, node: PromptNode, names: list[str], text: str) -> None:
+        if not names:
+            self.fail(node, node_error("custom_validation_failed", CUSTOM_VALIDATION_FAILED, text))
+        for name in names:
+            self.fail(node, node_error("custom_validation_failed", CUSTOM_VALIDATION_FAILED,
+                                       f"{name} - {text}" if text else name,
+                                       input_name=name, received_value=node.inputs.get(name)))
 
 
 _INVALID = object()

@@ -112,8 +112,55 @@ def test_choice_list(registry):
 
 def test_custom_validator(registry):
     body = errors_of({"1": {"class_type": "TestValidated", "inputs": {"value": 3}}, "2": out(["1", 0])}, registry)
-    err = only_error(body, "1")
-    assert err["type"] == "custom_validation_failed" and "even" in err["message"]
+    [err] = body["node_errors"]["1"]["errors"]
+    # ComfyUI's shape: a fixed message, details "<input> - <the node's message>", the input named.
+    assert err["type"] == "custom_validation_failed" and err["message"] == "Custom validation failed for node"
+    assert err["details"] == "value - value must be even, got 3"
+    assert err["extra_info"]["input_name"] == "value" and err["extra_info"]["received_value"] == 3
+
+
+def test_custom_validation_failure_names_each_input_the_validator_takes():
+    from nodes.classic import specs_from_mappings
+    from nodes.registry import NodeRegistry
+    from nodes.spec import Input, NodeSpec, Output
+
+    class Pair:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"a": ("INT", {}), "b": ("INT", {}), "c": ("INT", {})}}
+
+        RETURN_TYPES = ("INT",)
+        FUNCTION = "run"
+
+        @classmethod
+        def VALIDATE_INPUTS(cls, b, a):
+            return False if a == b else (a < b or "a must be below b")
+
+        def run(self, a, b, c):
+            return (a + b + c,)
+
+    def native_check(c=None, **_others):
+        return True if c != 0 else "c cannot be zero"
+
+    reg = NodeRegistry()
+    reg.register_all(specs_from_mappings({"Pair": Pair}, python_module="tests.pair"))
+    reg.register(NodeSpec("Native", lambda a, c: (a,), inputs=[Input.int("a", 0), Input.int("c", 1)],
+                          outputs=[Output("INT")], validate_inputs=native_check))
+    reg.register(NodeSpec("Show", lambda v: None, inputs=[Input.link("v", "*")], output_node=True))
+
+    def details(class_type, inputs):
+        body = errors_of({"1": {"class_type": class_type, "inputs": inputs},
+                          "2": {"class_type": "Show", "inputs": {"v": ["1", 0]}}}, reg)
+        errors = body["node_errors"]["1"]["errors"]
+        assert {e["message"] for e in errors} == {"Custom validation failed for node"}
+        assert [e["details"].partition(" - ")[0] for e in errors] == [e["extra_info"]["input_name"] for e in errors]
+        return [e["details"] for e in errors]
+
+    # One error per input the validator takes, in the prompt's order; a bare False gives the name alone.
+    assert details("Pair", {"a": 5, "b": 2, "c": 0}) == ["a - a must be below b", "b - a must be below b"]
+    assert details("Pair", {"a": 2, "b": 2, "c": 0}) == ["a", "b"]
+    # A Weft validator taking the rest through **kwargs names only the inputs it declares.
+    assert details("Native", {"a": 1, "c": 0}) == ["c - c cannot be zero"]
 
 
 def test_cycle_names_the_path(registry):
