@@ -42,8 +42,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels.linear import LINEAR, linear_eager  # noqa: E402
+from kernels.prologues import Prologue  # noqa: E402
 
-PROLOGUES = (None, "rms_norm", "swiglu", "gelu_tanh")
+PROLOGUES = (None, *Prologue)
 TARGET = 1.10  # compiled / bare, rms_norm and swiglu prologues with a residual, 4096 x 1024 x 1024 float32 (CPU)
 HEADLINE_SHAPE = (4096, 1024)
 HEADLINE_ROUNDS = 50

@@ -8,8 +8,9 @@ One public function, `linear`, with several backends behind a capability check (
             CUDA with the triton package (CPU tensors only under TRITON_INTERPRET=1, and only when forced)
   kitchen   comfy-kitchen's fused linear, only when `comfy_kitchen` is importable and capable
 
-Prologues: `rms_norm` (x / rms(x) * prologue_weight, eps), `swiglu` (silu(first half of x) * second
-half; x then has twice the weight's input features), `gelu_tanh`, or None. `residual_scale` is a
+Prologues (kernels/prologues.py, `Prologue` or its value): `rms_norm` (x / rms(x) * prologue_weight, eps),
+`swiglu` (silu(first half of x) * second half; x then has twice the weight's input features),
+`gelu_tanh`, or None. `residual_scale` is a
 scalar, a per-channel vector `(N,)`, or any tensor broadcastable to the output (a per-sample gate).
 The epilogue (bias, scale, residual) is computed in float32 and the result has the residual's dtype
 (x's dtype without a residual), as a fused kernel accumulating in registers would.
@@ -22,29 +23,29 @@ import torch.nn.functional as F
 from kernels import compiled as _compiled
 from kernels import triton_linear as _triton_linear
 from kernels.norms import rms_norm
+from kernels.prologues import Prologue
 from kernels.quantized import QuantizedWeight
 from kernels.registry import KernelRegistry, disable_fused_kernels, fused_kernels_enabled  # noqa: F401 (re-exported)
 
-PROLOGUES = (None, "rms_norm", "swiglu", "gelu_tanh")
 
 
-def apply_prologue(x: torch.Tensor, prologue: str | None, prologue_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+def apply_prologue(x: torch.Tensor, prologue: Prologue | str | None, prologue_weight: torch.Tensor | None,
+                   eps: float) -> torch.Tensor:
     """The prologue alone, as the eager reference computes it."""
+    prologue = Prologue.parse(prologue)
     if prologue is None:
         return x
-    if prologue == "rms_norm":
+    if prologue is Prologue.RMS_NORM:
         return rms_norm(x, prologue_weight, eps)
-    if prologue == "swiglu":
+    if prologue is Prologue.SWIGLU:
         gate, value = x.chunk(2, dim=-1)
         return F.silu(gate) * value
-    if prologue == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    raise ValueError(f"unknown prologue {prologue!r}; expected one of {PROLOGUES}")
+    return F.gelu(x, approximate="tanh")  # Prologue.GELU_TANH
 
 
 def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 prologue: str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                 residual: torch.Tensor | None = None,
+                 prologue: Prologue | str | None = None, prologue_weight: torch.Tensor | None = None,
+                 eps: float = 1e-6, residual: torch.Tensor | None = None,
                  residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """The reference implementation."""
     y = F.linear(apply_prologue(x, prologue, prologue_weight, eps), weight, bias)
@@ -59,24 +60,22 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return yf.to(out_dtype)
 
 
-def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: str | None,
+def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None,
                     prologue_weight: torch.Tensor | None, residual: torch.Tensor | None,
                     residual_scale: torch.Tensor | float | None) -> None:
     """Raise ValueError naming the shapes when the arguments do not describe one linear op."""
-    if prologue not in PROLOGUES:
-        raise ValueError(f"linear: unknown prologue {prologue!r}; expected one of {PROLOGUES}")
     if weight.dim() != 2:
         raise ValueError(f"linear: weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
     out_features, in_features = weight.shape
-    x_features = 2 * in_features if prologue == "swiglu" else in_features
+    x_features = 2 * in_features if prologue is Prologue.SWIGLU else in_features
     if x.dim() < 1 or x.shape[-1] != x_features:
         raise ValueError(f"linear: x of shape {tuple(x.shape)} does not fit weight {tuple(weight.shape)}"
-                         f"{' with the swiglu prologue (x needs 2 x in_features)' if prologue == 'swiglu' else ''}")
+                         f"{' with the swiglu prologue (x needs 2 x in_features)' if prologue is Prologue.SWIGLU else ''}")
     if bias is not None and tuple(bias.shape) != (out_features,):
         raise ValueError(f"linear: bias must be ({out_features},), got shape {tuple(bias.shape)}")
-    if prologue == "rms_norm" and prologue_weight is not None and tuple(prologue_weight.shape) != (in_features,):
+    if prologue is Prologue.RMS_NORM and prologue_weight is not None and tuple(prologue_weight.shape) != (in_features,):
         raise ValueError(f"linear: rms_norm prologue_weight must be ({in_features},), got {tuple(prologue_weight.shape)}")
-    if prologue != "rms_norm" and prologue_weight is not None:
+    if prologue is not Prologue.RMS_NORM and prologue_weight is not None:
         raise ValueError(f"linear: prologue_weight is only used by the rms_norm prologue, not {prologue!r}")
     out_shape = (*x.shape[:-1], out_features)
     for name, tensor in (("residual", residual), ("residual_scale", residual_scale)):
@@ -119,21 +118,21 @@ def row_chunks(rows: int, x_features: int, in_features: int, out_features: int, 
 
 def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None,
-                 scale: torch.Tensor | None, prologue: str | None, eps: float, fold_rms: bool,
+                 scale: torch.Tensor | None, prologue: Prologue | None, eps: float, fold_rms: bool,
                  out_dtype: torch.dtype) -> torch.Tensor:
     """One chunk of rows: x2 (m, K) -> (m, N); with fold_rms the weight already holds the norm's weight."""
     row_scale = None
     h = x2
-    if prologue == "rms_norm":
+    if prologue is Prologue.RMS_NORM:
         if fold_rms:
             xf = x2.float()
             row_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (m, 1)
         else:
             h = rms_norm(x2, prologue_weight, eps)
-    elif prologue == "swiglu":
+    elif prologue is Prologue.SWIGLU:
         gate, value = x2.chunk(2, dim=-1)
         h = F.silu(gate) * value  # (m, K), contiguous
-    elif prologue == "gelu_tanh":
+    elif prologue is Prologue.GELU_TANH:
         h = F.gelu(x2, approximate="tanh")
     acc = h @ weight.t()  # (m, N)
     if row_scale is None and residual2 is None and scale is None:
@@ -152,7 +151,7 @@ def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None, scale: torch.Tensor | None,
-                  prologue: str | None, eps: float, fold_rms: bool, out_dtype: torch.dtype,
+                  prologue: Prologue | None, eps: float, fold_rms: bool, out_dtype: torch.dtype,
                   chunks: int = 1) -> torch.Tensor:
     """What torch.compile fuses: x2 (M, K) -> (M, N); rearranged so the prologue costs one read of x.
 
@@ -164,7 +163,7 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     `chunks` > 1 runs the rows in that many chunks (see CHUNK_BYTES); inductor writes each chunk's
     result straight into its slice of one output and reuses one intermediate buffer for all chunks.
     """
-    if prologue == "rms_norm" and fold_rms and prologue_weight is not None:
+    if prologue is Prologue.RMS_NORM and fold_rms and prologue_weight is not None:
         weight = (weight.float() * prologue_weight.float()).to(weight.dtype)  # (N, K), once for all chunks
     if chunks == 1:
         return _linear_rows(x2, weight, bias, prologue_weight, residual2, scale, prologue, eps, fold_rms, out_dtype)
@@ -211,6 +210,7 @@ def _compiled_worthwhile(x, weight, bias=None, **_options) -> str | None:
 def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
                     residual_scale=None):
     """The fused graph through torch.compile, compiled once per shape class."""
+    prologue = Prologue.parse(prologue)
     out_features, in_features = weight.shape
     rows = x.numel() // x.shape[-1]
     out_shape = (*x.shape[:-1], out_features)
@@ -225,9 +225,10 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
         scale, scale_kind = None, "none"
     if residual_kind == "channel" or residual_kind == "scalar":
         residual2, residual_kind = residual.expand(out_shape).reshape(rows, out_features), "full"
-    fold_rms = prologue == "rms_norm" and x.dtype != torch.float16
+    fold_rms = prologue is Prologue.RMS_NORM and x.dtype != torch.float16
     out_dtype = residual.dtype if residual is not None else x.dtype
-    writes_intermediate = prologue in ("swiglu", "gelu_tanh") or (prologue == "rms_norm" and not fold_rms)
+    writes_intermediate = prologue in (Prologue.SWIGLU, Prologue.GELU_TANH) or (prologue is Prologue.RMS_NORM
+                                                                                and not fold_rms)
     chunks = (row_chunks(rows, x.shape[-1], in_features, out_features, x.element_size(), x.device.type)
               if writes_intermediate else 1)
     key = (prologue, in_features, out_features, x.dtype, x.device.type, bias is not None,
@@ -256,13 +257,17 @@ LINEAR.register("triton", _triton_linear.linear_triton, check=_triton_linear.che
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           prologue: str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+           prologue: Prologue | str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
            residual: torch.Tensor | None = None, residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """`residual + residual_scale * (prologue(x) @ weight.T + bias)` (see module docstring).
 
     `weight` may be a kernels.quantized.QuantizedWeight: the call then goes to the quantized
     backends (kernels/quantized_linear.py), whose reference is dequantize-then-`linear_eager`.
     """
+    try:
+        prologue = Prologue.parse(prologue)
+    except ValueError as error:
+        raise ValueError(f"linear: {error}") from None
     check_arguments(x, weight, bias, prologue, prologue_weight, residual, residual_scale)
     if isinstance(weight, QuantizedWeight):
         from kernels.quantized_linear import quantized_linear  # imports this module: resolved at first call

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from kernels import compiled as _compiled
 from kernels.linear import _flatten_epilogue, apply_prologue, linear_eager
+from kernels.prologues import Prologue
 from kernels.quantized import FLOAT8_FORMATS, QuantizedWeight, WeightFormat, hadamard, rotate_rows
 from kernels.registry import KernelRegistry
 
@@ -44,7 +45,8 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor |
     return y.to(residual.dtype if residual is not None else out_dtype)
 
 
-def _prepared_input(x: torch.Tensor, weight: QuantizedWeight, prologue, prologue_weight, eps) -> torch.Tensor:
+def _prepared_input(x: torch.Tensor, weight: QuantizedWeight, prologue: Prologue | str | None,
+                    prologue_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     h = apply_prologue(x, prologue, prologue_weight, eps)
     if weight.pre_quant_scale is not None:
         h = h * weight.pre_quant_scale.to(h.dtype)
@@ -52,7 +54,8 @@ def _prepared_input(x: torch.Tensor, weight: QuantizedWeight, prologue, prologue
 
 
 def quantized_linear_eager(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
-                           prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                           prologue: Prologue | str | None = None,
+                           prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
                            residual: torch.Tensor | None = None,
                            residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """The reference: the weight dequantized to x's dtype, then the float Linear's eager reference."""
@@ -97,7 +100,8 @@ def _int8_check(x, weight, bias=None, **_options) -> str | None:
 
 
 def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
-                          prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                          prologue: Prologue | str | None = None,
+                          prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
                           residual: torch.Tensor | None = None,
                           residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """int8 x int8 -> int32 product of the per-token quantized (rotated) activation and the stored codes."""
@@ -118,8 +122,8 @@ def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.
 # int8, compiled
 
 def _int8_activation_graph(x2: torch.Tensor, prologue_weight: torch.Tensor | None,
-                           pre_quant_scale: torch.Tensor | None, rotation: torch.Tensor | None, prologue, eps: float
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           pre_quant_scale: torch.Tensor | None, rotation: torch.Tensor | None,
+                           prologue: Prologue | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, K') rows -> int8 codes (M, K) and float32 row scales (M, 1): what the int8 backend does before the product."""
     h = apply_prologue(x2, prologue, prologue_weight, eps)
     if pre_quant_scale is not None:
@@ -165,10 +169,12 @@ def _int8_compiled_worthwhile(x, weight, bias=None, **_options) -> str | None:
 
 
 def quantized_linear_int8_compiled(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
-                                   prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                                   prologue: Prologue | str | None = None,
+                                   prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
                                    residual: torch.Tensor | None = None,
                                    residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """The int8 backend with its activation and output stages compiled (see the module docstring)."""
+    prologue = Prologue.parse(prologue)
     out_features, in_features = weight.shape
     rows = x.numel() // x.shape[-1]
     out_shape = (*x.shape[:-1], out_features)
@@ -225,7 +231,8 @@ def _fp8_check(x, weight, bias=None, **_options) -> str | None:
 
 
 def quantized_linear_fp8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, *,
-                         prologue=None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                         prologue: Prologue | str | None = None,
+                         prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
                          residual: torch.Tensor | None = None,
                          residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """float8-e4m3 activation (scaled by input_scale, else 1) times the float8 weight through torch._scaled_mm."""

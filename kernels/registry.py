@@ -8,7 +8,8 @@ dtype, shape, contiguity). Both return None when the backend can run, else the r
 The choice can be forced, most specific first:
   1. `backend=` passed to the op (where the op takes it, e.g. attention);
   2. the environment variable WEFT_KERNEL_BACKEND: either a backend name for every op that has one
-     of that name (`compiled`), or per op (`linear:compiled,conv3d:eager`);
+     of that name (`compiled`), or per op (`linear:compiled,conv3d:eager`); read at each call but
+     parsed only when its value changes (`backend_override()`);
   3. `disable_fused_kernels()` (`--disable-fused-kernels`): every op runs `eager`.
 A forced backend that cannot run the call raises ValueError saying why; it never falls back silently.
 """
@@ -98,29 +99,61 @@ class Backend:
         return reason
 
 
-def _forced_from_env(op: str) -> str | None:
-    value = os.environ.get(ENV_VAR, "").strip()
-    if not value:
+@dataclass(frozen=True)
+class BackendOverride:
+    """WEFT_KERNEL_BACKEND, parsed: backends named per op, and one bare name for every op that has it."""
+
+    text: str                      # the variable as set
+    per_op: dict[str, str]         # op -> backend, from `op:backend` parts (the first part for an op wins)
+    everywhere: str | None = None  # a bare `backend` part (the last one wins)
+
+    @classmethod
+    def parse(cls, text: str) -> BackendOverride:
+        """Split the variable's value into its per-op and bare parts."""
+        per_op: dict[str, str] = {}
+        everywhere = None
+        for part in (p.strip() for p in text.split(",")):
+            if ":" in part:
+                op_name, _, backend = part.partition(":")
+                per_op.setdefault(op_name.strip(), backend.strip())
+            elif part:
+                everywhere = part
+        return cls(text, per_op, everywhere)
+
+    def backend_for(self, op: str) -> str | None:
+        """The backend this setting forces on `op`, or None; ValueError when a bare name matches no backend."""
+        if op in self.per_op:
+            return self.per_op[op]
+        if self.everywhere is None:
+            return None
+        known = _backend_names()
+        if self.everywhere not in known:
+            import kernels.attention, kernels.conv3d, kernels.linear, kernels.quantized_linear  # noqa: F401 (every op registers its backends)
+            known = _backend_names()
+        if self.everywhere not in known:
+            raise ValueError(f"{ENV_VAR}={self.text!r}: no op has a backend named {self.everywhere!r}; "
+                             f"known backends: {sorted(known)}")
+        # A bare name forces only the ops that have a backend of that name.
+        return self.everywhere if self.everywhere in _registries[op].names() else None
+
+
+_parsed_override: BackendOverride | None = None
+
+
+def backend_override() -> BackendOverride | None:
+    """The parsed WEFT_KERNEL_BACKEND (None when unset or blank), parsed again only when its value changes."""
+    global _parsed_override
+    text = os.environ.get(ENV_VAR, "")
+    if not text.strip():
         return None
-    bare = None
-    for part in value.split(","):
-        part = part.strip()
-        if ":" in part:
-            op_name, _, backend = part.partition(":")
-            if op_name.strip() == op:
-                return backend.strip()
-        elif part:
-            bare = part
-    if bare is None:
-        return None
-    known = {name for registry in _registries.values() for name in registry.names()}
-    if bare not in known:
-        import kernels.attention, kernels.conv3d, kernels.linear, kernels.quantized_linear  # noqa: F401 (every op registers its backends)
-        known = {name for registry in _registries.values() for name in registry.names()}
-    if bare not in known:
-        raise ValueError(f"{ENV_VAR}={value!r}: no op has a backend named {bare!r}; known backends: {sorted(known)}")
-    # A bare name forces only the ops that have a backend of that name.
-    return bare if bare in _registries[op].names() else None
+    parsed = _parsed_override
+    if parsed is None or parsed.text != text:
+        parsed = _parsed_override = BackendOverride.parse(text)
+    return parsed
+
+
+def _backend_names() -> set[str]:
+    return {name for registry in _registries.values() for name in registry.names()}
 
 
 class KernelRegistry:
@@ -175,9 +208,10 @@ class KernelRegistry:
         """The backend name forcing this call (None for automatic choice) and what forced it."""
         if backend is not None:
             return backend, "the backend= argument"
-        forced = _forced_from_env(self.op)
+        override = backend_override()
+        forced = override.backend_for(self.op) if override is not None else None
         if forced is not None:
-            return forced, f"{ENV_VAR}={os.environ.get(ENV_VAR)!r}"
+            return forced, f"{ENV_VAR}={override.text!r}"
         if _fused_disabled:
             return "eager", "--disable-fused-kernels"
         return None, ""

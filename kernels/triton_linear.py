@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernels.prologues import Prologue
 from kernels.registry import BackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Shape classes whose kernel failed to build or launch -> why; later calls decline at once.
 _failures: dict[tuple, str] = {}
-PROLOGUES = (None, "rms_norm", "swiglu", "gelu_tanh")
 
 # Under the interpreter every program runs as numpy calls one after another: small fixed tiles keep
 # a test case at a few programs and exercise the tile edges, with no autotuning launches.
@@ -97,12 +97,14 @@ def available() -> str | None:
 
 
 def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-          prologue: str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+          prologue: Prologue | str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
           residual: torch.Tensor | None = None,
           residual_scale: torch.Tensor | float | None = None) -> str | None:
     """Why the triton kernel cannot run this call (None when it can)."""
-    if prologue not in PROLOGUES:
-        return f"unknown prologue {prologue!r}"
+    try:
+        Prologue.parse(prologue)
+    except ValueError as error:
+        return str(error)
     scale = residual_scale if isinstance(residual_scale, torch.Tensor) else None
     named = {"x": x, "weight": weight, "bias": bias, "prologue_weight": prologue_weight, "residual": residual,
              "residual_scale": scale}
@@ -270,10 +272,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  prologue: str | None = None, prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                  residual: torch.Tensor | None = None,
+                  prologue: Prologue | str | None = None, prologue_weight: torch.Tensor | None = None,
+                  eps: float = 1e-6, residual: torch.Tensor | None = None,
                   residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """`residual + residual_scale * (prologue(x) @ weight.T + bias)` as one Triton kernel launch."""
+    prologue = Prologue.parse(prologue)
     interpret = interpreting()
     kernel = _build_kernel(interpret)
     out_features, in_features = weight.shape
@@ -299,8 +302,9 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         scale_value = float(residual_scale)
     rows_per_group = out_shape[-2] if len(out_shape) > 1 else 1
 
-    meta = dict(PROLOGUE=prologue or "none", HAS_BIAS=bias is not None,
-                HAS_NORM_WEIGHT=prologue == "rms_norm" and prologue_weight is not None,
+    # The kernel takes the prologue as a constexpr string: a Prologue's value, or "none".
+    meta = dict(PROLOGUE=prologue.value if prologue is not None else "none", HAS_BIAS=bias is not None,
+                HAS_NORM_WEIGHT=prologue is Prologue.RMS_NORM and prologue_weight is not None,
                 HAS_RESIDUAL=residual is not None, HAS_SCALE=isinstance(residual_scale, torch.Tensor),
                 DOT_PRECISION=_dot_precision(x.dtype, x.device.type),
                 WIDEN_DOT_OPERANDS=interpret and x.dtype == torch.bfloat16)

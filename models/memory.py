@@ -7,7 +7,7 @@ the active adapter patches applied (models/patcher.py), and keeps their total si
 evicting the least recently used copies that nobody holds. The module's own parameters are never
 changed: they are the offload storage, and a patched model never mutates the cached base model.
 
-Modes (`configure(mode=...)`, CLI flags in `add_cli_arguments`):
+Modes (`MemoryMode`, or its value, for `configure(mode=...)`; CLI flags in `add_cli_arguments`):
   normal    copies stay resident until the budget needs room (LRU eviction)
   highvram  copies stay resident; nothing is evicted
   lowvram   like normal, and `stream_blocks` also drops each block's copies once the block is done
@@ -28,6 +28,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Iterable, Iterator, Sequence
 
 import torch
@@ -37,8 +38,24 @@ from kernels.options import FAST_OPTIONS
 from models.memory_flags import add_cli_arguments  # noqa: F401 (the flags live in a torch-free module)
 from models.patcher import active_patch_map, apply_patches
 
-MODES = ("normal", "highvram", "lowvram", "novram")
 GIB = 1024 ** 3
+
+
+class MemoryMode(StrEnum):
+    """How long weight copies stay on the device (see the module docstring); values are the CLI's names."""
+
+    NORMAL = "normal"
+    HIGH_VRAM = "highvram"
+    LOW_VRAM = "lowvram"
+    NO_VRAM = "novram"
+
+    @classmethod
+    def parse(cls, value: MemoryMode | str) -> MemoryMode:
+        """`value` as a MemoryMode; ValueError listing the modes for anything else."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"memory mode {value!r} is not one of {[m.value for m in cls]}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,9 +184,9 @@ class MemoryManager:
     """Keeps taken weights resident on `device` under a byte budget, evicting least recently used."""
 
     def __init__(self, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 budget_bytes: int | None = None, reserve_bytes: int = 0, mode: str = "normal") -> None:
-        if mode not in MODES:
-            raise ValueError(f"memory mode {mode!r} is not one of {MODES}")
+                 budget_bytes: int | None = None, reserve_bytes: int = 0,
+                 mode: MemoryMode | str = MemoryMode.NORMAL) -> None:
+        mode = MemoryMode.parse(mode)
         if budget_bytes is not None and budget_bytes < 0:
             raise ValueError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
         if reserve_bytes < 0:
@@ -191,9 +208,9 @@ class MemoryManager:
     # -- budget ---------------------------------------------------------------------------------
     def budget_bytes(self) -> int | float:
         """Bytes of weights allowed resident now (math.inf for highvram)."""
-        if self.mode == "highvram":
+        if self.mode is MemoryMode.HIGH_VRAM:
             return math.inf
-        if self.mode == "novram":
+        if self.mode is MemoryMode.NO_VRAM:
             return 0
         if self.fixed_budget_bytes is not None:
             return self.fixed_budget_bytes
@@ -202,7 +219,7 @@ class MemoryManager:
     def free_bytes(self) -> int:
         """Bytes callers (e.g. tiled decode) may allocate on the device now without crowding the weights."""
         device_free = max(0, device_free_bytes(self.device) - self.reserve_bytes)
-        if self.fixed_budget_bytes is None or self.mode == "highvram":
+        if self.fixed_budget_bytes is None or self.mode is MemoryMode.HIGH_VRAM:
             return device_free
         return int(max(0, min(device_free, self.fixed_budget_bytes - self._stats.resident_bytes)))
 
@@ -253,7 +270,7 @@ class MemoryManager:
                 order = {key: rank for rank, key in enumerate(self._entries)}
                 entry = max(held, key=lambda e: order[e.key])
             entry.pins -= 1
-            if entry.pins == 0 and self.mode == "novram":
+            if entry.pins == 0 and self.mode is MemoryMode.NO_VRAM:
                 self._drop(entry, counted=True)
 
     def _acquire(self, module: nn.Module, dtype: torch.dtype, prefetch: bool) -> _Entry:
@@ -392,7 +409,7 @@ class MemoryManager:
             if index + 1 < len(blocks):
                 self.prefetch(blocks[index + 1], dtype=dtype)
             yield block
-            if self.mode == "lowvram":
+            if self.mode is MemoryMode.LOW_VRAM:
                 self.evict(block)
 
     # -- statistics -----------------------------------------------------------------------------
@@ -415,7 +432,7 @@ class MemoryManager:
         """Counters plus device, dtype, mode and budget, as plain JSON-ready values."""
         budget = self.budget_bytes()
         return {"configured": True, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "mode": self.mode, "budget_bytes": None if budget == math.inf else int(budget),
+                "mode": self.mode.value, "budget_bytes": None if budget == math.inf else int(budget),
                 **asdict(self.stats())}
 
 
@@ -425,7 +442,8 @@ class MemoryManager:
 _runtime: MemoryManager | None = None
 
 
-def configure(*, vram_budget_gb: float | None = None, reserve_vram_gb: float | None = None, mode: str = "normal",
+def configure(*, vram_budget_gb: float | None = None, reserve_vram_gb: float | None = None,
+              mode: MemoryMode | str = MemoryMode.NORMAL,
               device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MemoryManager:
     """Create the process's memory manager (replacing any earlier one) and return it."""
     global _runtime
@@ -548,7 +566,8 @@ def configure_from_args(args: argparse.Namespace) -> MemoryManager:
     """Configure the runtime (memory manager and kernel switches) from flags added by add_cli_arguments."""
     from kernels import registry  # kernels never import Weft; Weft configures them
 
-    mode = "highvram" if args.highvram else "lowvram" if args.lowvram else "novram" if args.novram else "normal"
+    mode = (MemoryMode.HIGH_VRAM if args.highvram else MemoryMode.LOW_VRAM if args.lowvram
+            else MemoryMode.NO_VRAM if args.novram else MemoryMode.NORMAL)
     if args.disable_fused_kernels:
         registry.disable_fused_kernels()
     if args.fast is not None:

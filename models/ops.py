@@ -14,6 +14,7 @@ from torch import nn
 
 from kernels.conv3d import causal_conv3d
 from kernels.linear import apply_prologue, linear
+from kernels.prologues import Prologue
 from kernels.quantized import QuantizedWeight, embedding_rows, storage_shape
 from kernels.norms import rms_norm
 from models.memory import release, take, using, using_named
@@ -29,7 +30,7 @@ class Linear(nn.Linear):
     a module's weight is taken through the memory manager like this layer's own.
     """
 
-    def forward(self, x: torch.Tensor, *, prologue: str | None = None,
+    def forward(self, x: torch.Tensor, *, prologue: Prologue | str | None = None,
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
                 residual: torch.Tensor | None = None,
                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
@@ -232,7 +233,7 @@ class QuantizedLinear(QuantizedLayer):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=compute_dtype, device=device), requires_grad=False)
                      if bias else None)
 
-    def forward(self, x: torch.Tensor, *, prologue: str | None = None,
+    def forward(self, x: torch.Tensor, *, prologue: Prologue | str | None = None,
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
                 residual: torch.Tensor | None = None,
                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:

@@ -24,7 +24,8 @@ from torch import nn
 
 from models import memory
 from models.h3 import tiling
-from models.h3.layers import attention, compute_device, op
+from models import ops
+from models.h3.layers import attention, compute_device
 
 SAMPLE_RATE = 32000
 
@@ -141,8 +142,8 @@ class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
         pad = 3 * dilation
-        self.block = nn.Sequential(Snake1d(dim), op("Conv1d")(dim, dim, 7, dilation=dilation, padding=pad),
-                                   Snake1d(dim), op("Conv1d")(dim, dim, 1))
+        self.block = nn.Sequential(Snake1d(dim), ops.Conv1d(dim, dim, 7, dilation=dilation, padding=pad),
+                                   Snake1d(dim), ops.Conv1d(dim, dim, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(x) + x
@@ -155,7 +156,7 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.block = nn.Sequential(
             ResidualUnit(dim // 2, 1), ResidualUnit(dim // 2, 3), ResidualUnit(dim // 2, 9), Snake1d(dim // 2),
-            op("Conv1d")(dim // 2, dim, 2 * stride, stride=stride, padding=math.ceil(stride / 2)))
+            ops.Conv1d(dim // 2, dim, 2 * stride, stride=stride, padding=math.ceil(stride / 2)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(x)
@@ -167,11 +168,11 @@ class WaveEncoder(nn.Module):
     def __init__(self, cfg: AudioVAEConfig):
         super().__init__()
         d = cfg.encoder_dim
-        layers: list[nn.Module] = [op("Conv1d")(1, d, 7, padding=3)]
+        layers: list[nn.Module] = [ops.Conv1d(1, d, 7, padding=3)]
         for stride in cfg.encoder_rates:
             d *= 2
             layers.append(EncoderBlock(d, stride))
-        layers += [Snake1d(d), op("Conv1d")(d, cfg.latent_dim, 3, padding=1)]
+        layers += [Snake1d(d), ops.Conv1d(d, cfg.latent_dim, 3, padding=1)]
         self.block = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,10 +184,10 @@ class GeGluMlp(nn.Module):
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.norm = op("LayerNorm")(dim)
-        self.w0 = op("Linear")(dim, hidden)
-        self.w1 = op("Linear")(dim, hidden)
-        self.w2 = op("Linear")(hidden, dim)
+        self.norm = ops.LayerNorm(dim)
+        self.w0 = ops.Linear(dim, hidden)
+        self.w1 = ops.Linear(dim, hidden)
+        self.w2 = ops.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
@@ -199,11 +200,11 @@ class CausalAttention(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, heads: int):
         super().__init__()
         self.heads, self.head_dim, self.out_dim = heads, in_dim // heads, out_dim
-        self.qkv = op("Linear")(in_dim, 3 * in_dim, bias=False)
+        self.qkv = ops.Linear(in_dim, 3 * in_dim, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(in_dim))
         self.v_bias = nn.Parameter(torch.zeros(in_dim))
         self.register_buffer("zero_k_bias", torch.zeros(in_dim))
-        self.proj = op("Linear")(out_dim, out_dim)
+        self.proj = ops.Linear(out_dim, out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -220,11 +221,11 @@ class AttnProjection(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, heads: int):
         super().__init__()
-        self.norm1 = op("LayerNorm")(in_dim)
+        self.norm1 = ops.LayerNorm(in_dim)
         self.attn = CausalAttention(in_dim, out_dim, heads)
-        self.proj = op("Linear")(in_dim, out_dim)
-        self.norm3 = op("LayerNorm")(in_dim)
-        self.norm2 = op("LayerNorm")(out_dim)
+        self.proj = ops.Linear(in_dim, out_dim)
+        self.norm3 = ops.LayerNorm(in_dim)
+        self.norm2 = ops.LayerNorm(out_dim)
         self.mlp = GeGluMlp(out_dim, 2 * out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,9 +238,9 @@ class AMPBlock(nn.Module):
 
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]):
         super().__init__()
-        self.convs1 = nn.ModuleList([op("Conv1d")(channels, channels, kernel, dilation=d, padding=(kernel * d - d) // 2)
+        self.convs1 = nn.ModuleList([ops.Conv1d(channels, channels, kernel, dilation=d, padding=(kernel * d - d) // 2)
                                      for d in dilations])
-        self.convs2 = nn.ModuleList([op("Conv1d")(channels, channels, kernel, padding=(kernel - 1) // 2)
+        self.convs2 = nn.ModuleList([ops.Conv1d(channels, channels, kernel, padding=(kernel - 1) // 2)
                                      for _ in dilations])
         self.activations = nn.ModuleList([AntiAliasedActivation(channels) for _ in range(2 * len(dilations))])
 
@@ -256,18 +257,18 @@ class Vocoder(nn.Module):
         super().__init__()
         self.num_kernels = len(cfg.resblock_kernels)
         ch = cfg.decoder_dim
-        self.conv_pre = op("Conv1d")(cfg.latent_dim, ch, 7, padding=3)
+        self.conv_pre = ops.Conv1d(cfg.latent_dim, ch, 7, padding=3)
         self.ups = nn.ModuleList()
         self.resblocks = nn.ModuleList()
         for i, (rate, kernel) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernels)):
-            self.ups.append(nn.ModuleList([op("ConvTranspose1d")(ch // 2 ** i, ch // 2 ** (i + 1), kernel, rate,
+            self.ups.append(nn.ModuleList([ops.ConvTranspose1d(ch // 2 ** i, ch // 2 ** (i + 1), kernel, rate,
                                                                  padding=(kernel - rate) // 2)]))
         for i in range(len(self.ups)):
             width = ch // 2 ** (i + 1)
             for kernel in cfg.resblock_kernels:
                 self.resblocks.append(AMPBlock(width, kernel, tuple(cfg.resblock_dilations)))
         self.activation_post = AntiAliasedActivation(width)
-        self.conv_post = op("Conv1d")(width, 1, 7, padding=3, bias=False)
+        self.conv_post = ops.Conv1d(width, 1, 7, padding=3, bias=False)
 
     def forward(self, x: torch.Tensor, clamp: bool = True) -> torch.Tensor:
         x = self.conv_pre(x)
@@ -289,9 +290,9 @@ class AudioVAE(nn.Module):
             raise ValueError(f"encoder hop {cfg.hop} != decoder upsampling {math.prod(cfg.upsample_rates)}")
         self.encoder = WaveEncoder(cfg)
         self.pre_block = AttnProjection(cfg.latent_dim, cfg.latent_channels, cfg.attn_heads)
-        self.mean_proj = op("Conv1d")(cfg.latent_channels, cfg.latent_channels, 1)
-        self.logs_proj = op("Conv1d")(cfg.latent_channels, cfg.latent_channels, 1)  # posterior log-std, unused at inference
-        self.dec_in_proj = op("Conv1d")(cfg.latent_channels, cfg.latent_dim, 1)
+        self.mean_proj = ops.Conv1d(cfg.latent_channels, cfg.latent_channels, 1)
+        self.logs_proj = ops.Conv1d(cfg.latent_channels, cfg.latent_channels, 1)  # posterior log-std, unused at inference
+        self.dec_in_proj = ops.Conv1d(cfg.latent_channels, cfg.latent_dim, 1)
         self.decoder = Vocoder(cfg)
         self.register_buffer("latents_mean", torch.zeros(cfg.latent_channels))
         self.register_buffer("latents_std", torch.ones(cfg.latent_channels))

@@ -1,8 +1,8 @@
-"""Building blocks shared by the H3 models: layer lookup, attention, split-half RoPE, per-frame GroupNorm.
+"""Building blocks shared by the H3 models: attention, split-half RoPE, RMSNorm, per-frame GroupNorm.
 
-Layers come from models/ops.py (whose weights reach their op through the memory manager); a layer the
-ops module does not provide yet falls back to the torch.nn class of the same name, which has the same
-constructor and parameter names, so checkpoints load by name either way.
+The models build their layers from models/ops.py directly (`ops.Linear`, `ops.RMSNorm`, ...): those
+classes take their weights through the memory manager and keep torch.nn's constructors and parameter
+names, so checkpoints load by name.
 """
 from __future__ import annotations
 
@@ -13,13 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.norms import rms_norm as _rms_norm_kernel
-from models import ops as _ops
-
-
-def op(name: str) -> type[nn.Module]:
-    """The layer class `name` from models/ops.py, or torch.nn's class of the same name."""
-    cls = getattr(_ops, name, None)
-    return cls if cls is not None else getattr(nn, name)
+from models import ops
 
 
 _ATTENTION_FN: list = []
@@ -75,7 +69,7 @@ def compute_device(module: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-class FrameGroupNorm(op("GroupNorm")):
+class FrameGroupNorm(ops.GroupNorm):
     """GroupNorm whose statistics are computed per frame of a (B, C, T, H, W) tensor, so it stays causal in time.
 
     Same constructor and parameters (`weight`, `bias`) as torch.nn.GroupNorm.

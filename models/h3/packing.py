@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple
 
 import torch
@@ -39,6 +40,40 @@ AUDIO_CONDITION_T = 1.0                 # audio condition rows are clean
 FULL_MASK = 1.0 - 1e-3                  # a noise mask at or above this everywhere means "generate everything"
 PATCH = (1, 2, 2)                       # (t, h, w) patch of the video rows
 SPATIAL_EXTENT = 32.0                   # area-normalised coordinates span about 32 units
+
+
+class SegmentRole(StrEnum):
+    """What a run of packed rows holds. The values are the role names the layout has always reported."""
+
+    TEXT = "text"
+    COND_VIDEO = "cond_video"    # a keyframe's video patches
+    COND_AUDIO = "cond_audio"    # a keyframe's audio
+    REF_VIDEO = "ref_video"      # a reference image's or video's patches
+    REF_AUDIO = "ref_audio"      # a reference audio, or a reference video's soundtrack
+    AUDIO = "audio"              # the target audio
+    VIDEO = "video"              # the target video
+
+    @property
+    def tag(self) -> int:
+        """The modality tag of the role's rows."""
+        if self is SegmentRole.TEXT:
+            return TAG_TEXT
+        return TAG_VIDEO if self in (SegmentRole.VIDEO, SegmentRole.COND_VIDEO, SegmentRole.REF_VIDEO) else TAG_AUDIO
+
+
+class ConditionRole(StrEnum):
+    """How a condition item enters the sequence."""
+
+    KEYFRAME = "keyframe"      # pinned to a frame of the target clip
+    REFERENCE = "reference"    # a block ahead of the targets on the clock
+
+
+class ReferenceKind(StrEnum):
+    """What a reference is; the values are those of the CONDITIONING extras' "kind"."""
+
+    IMAGE = "image"
+    VIDEO = "video"
+    AUDIO = "audio"
 
 
 # Patching --------------------------------------------------------------------------------------
@@ -138,15 +173,15 @@ def text_positions(text_len: int) -> torch.Tensor:
 class ConditionItem:
     """One block of condition rows for one batch element.
 
-    role "keyframe": a guide pinned at pixel frame `frame_index` (already resolved, >= 0).
-    role "reference": a reference block of `kind` "image", "video" or "audio".
+    KEYFRAME: a guide pinned at pixel frame `frame_index` (already resolved, >= 0).
+    REFERENCE: a reference block of `kind` image, video or audio.
     video: (24, t, h, w) normalised latent or None; audio: (32, 2, t) normalised latent or None.
     """
-    role: str
+    role: ConditionRole
     video: torch.Tensor | None = None
     audio: torch.Tensor | None = None
     frame_index: int = 0
-    kind: str = "image"
+    kind: ReferenceKind = ReferenceKind.IMAGE
 
 
 def pad_to_patches(video: torch.Tensor) -> torch.Tensor:
@@ -207,24 +242,25 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
         if audio is not None:
             if audio.shape[0] != AUDIO_CHANNELS or audio.shape[1] != 2:
                 raise ValueError(f"{what} audio_latent has shape {tuple(audio.shape)}; expected ({AUDIO_CHANNELS}, 2, t)")
-        items.append(ConditionItem("keyframe", video=video, audio=audio, frame_index=index))
+        items.append(ConditionItem(ConditionRole.KEYFRAME, video=video, audio=audio, frame_index=index))
     for n, ref in enumerate(extras.get("references") or []):
         what = f"reference {n}"
-        kind = ref.get("kind", "image")
         video = _batch_item(ref.get("latent"), batch_index, 5, f"{what} latent")
         audio = _batch_item(ref.get("audio_latent"), batch_index, 4, f"{what} audio_latent")
-        if kind not in ("image", "video", "audio"):
-            raise ValueError(f"{what} kind {kind!r} is not one of 'image', 'video', 'audio'")
-        if kind in ("image", "video") and video is None:
-            raise ValueError(f"{what} of kind {kind!r} has no latent")
-        if kind == "image" and video.shape[1] != 1:
+        try:
+            kind = ReferenceKind(ref.get("kind", "image"))
+        except ValueError:
+            raise ValueError(f"{what} kind {ref.get('kind')!r} is not one of 'image', 'video', 'audio'") from None
+        if kind is not ReferenceKind.AUDIO and video is None:
+            raise ValueError(f"{what} of kind {kind.value!r} has no latent")
+        if kind is ReferenceKind.IMAGE and video.shape[1] != 1:
             raise ValueError(f"{what} is an image but its latent has {video.shape[1]} frames")
-        if kind == "audio" and audio is None:
+        if kind is ReferenceKind.AUDIO and audio is None:
             raise ValueError(f"{what} of kind 'audio' has no audio_latent")
         if video is not None:
             video = pad_to_patches(video)
-        items.append(ConditionItem("reference", video=video if kind != "audio" else None,
-                                   audio=audio if kind != "image" else None, kind=kind))
+        items.append(ConditionItem(ConditionRole.REFERENCE, video=video if kind is not ReferenceKind.AUDIO else None,
+                                   audio=audio if kind is not ReferenceKind.IMAGE else None, kind=kind))
     return items
 
 
@@ -233,10 +269,10 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
 @dataclass
 class Segment:
     """A contiguous run of rows of one role. `item` indexes the ConditionItem the rows come from."""
-    role: str        # text | cond_video | cond_audio | ref_video | ref_audio | audio | video
+    role: SegmentRole
     start: int
     stop: int
-    tag: int         # modality tag: video 0, text 1, audio 2
+    tag: int         # modality tag: video 0, text 1, audio 2 (the role's)
     item: int = -1
 
 
@@ -252,7 +288,7 @@ class PackedLayout:
         """Total number of rows."""
         return self.segments[-1].stop if self.segments else 0
 
-    def segment(self, role: str) -> Segment:
+    def segment(self, role: SegmentRole | str) -> Segment:
         """The (single) segment of `role` (used for the target audio and video)."""
         for seg in self.segments:
             if seg.role == role:
@@ -267,9 +303,9 @@ class _LayoutBuilder:
         self.segments: list[Segment] = []
         self.positions: list[torch.Tensor] = []
 
-    def add(self, role: str, tag: int, positions: torch.Tensor, item: int = -1) -> None:
+    def add(self, role: SegmentRole, positions: torch.Tensor, item: int = -1) -> None:
         start = self.segments[-1].stop if self.segments else 0
-        self.segments.append(Segment(role, start, start + positions.shape[0], tag, item))
+        self.segments.append(Segment(role, start, start + positions.shape[0], role.tag, item))
         self.positions.append(positions)
 
     def layout(self, origin: float) -> PackedLayout:
@@ -280,33 +316,33 @@ def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, aud
                  items: list[ConditionItem] | None = None) -> PackedLayout:
     """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames."""
     items = items or []
-    keyframes = [(i, item) for i, item in enumerate(items) if item.role == "keyframe"]
-    references = [(i, item) for i, item in enumerate(items) if item.role == "reference"]
+    keyframes = [(i, item) for i, item in enumerate(items) if item.role == ConditionRole.KEYFRAME]
+    references = [(i, item) for i, item in enumerate(items) if item.role == ConditionRole.REFERENCE]
     target_lanes = frame_coordinates(latent_h, latent_w).lanes
     # The reference blocks occupy the clock from the end of the text; the targets start after them.
     origin = float(text_len) + sum(_reference_span(item) for _, item in references)
 
     rows = _LayoutBuilder()
-    rows.add("text", TAG_TEXT, text_positions(text_len))
+    rows.add(SegmentRole.TEXT, text_positions(text_len))
     for i, item in keyframes:
         start = origin + FRAME_UNITS * item.frame_index
         if item.video is not None:
-            rows.add("cond_video", TAG_VIDEO, video_positions(item.video.shape[1], latent_h, latent_w, start), i)
+            rows.add(SegmentRole.COND_VIDEO, video_positions(item.video.shape[1], latent_h, latent_w, start), i)
         if item.audio is not None:
-            rows.add("cond_audio", TAG_AUDIO, audio_positions(item.audio.shape[-1], start, target_lanes), i)
+            rows.add(SegmentRole.COND_AUDIO, audio_positions(item.audio.shape[-1], start, target_lanes), i)
 
     clock = float(text_len)
     for i, item in references:
         if item.audio is not None:
             # A video's soundtrack sits on the lanes of the video's own grid; a lone audio on the target's.
             lanes = target_lanes if item.video is None else frame_coordinates(*item.video.shape[2:]).lanes
-            rows.add("ref_audio", TAG_AUDIO, audio_positions(item.audio.shape[-1], clock, lanes), i)
+            rows.add(SegmentRole.REF_AUDIO, audio_positions(item.audio.shape[-1], clock, lanes), i)
         if item.video is not None:
-            rows.add("ref_video", TAG_VIDEO, video_positions(*item.video.shape[1:], clock), i)
+            rows.add(SegmentRole.REF_VIDEO, video_positions(*item.video.shape[1:], clock), i)
         clock += _reference_span(item)
 
-    rows.add("audio", TAG_AUDIO, audio_positions(audio_t, origin, target_lanes))
-    rows.add("video", TAG_VIDEO, video_positions(latent_t, latent_h, latent_w, origin))
+    rows.add(SegmentRole.AUDIO, audio_positions(audio_t, origin, target_lanes))
+    rows.add(SegmentRole.VIDEO, video_positions(latent_t, latent_h, latent_w, origin))
     return rows.layout(origin)
 
 
@@ -323,15 +359,16 @@ def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
     """
     t_v, t_a = 1.0 - sigma_video, 1.0 - sigma_audio
     pinned_v, pinned_a = max(t_v, VIDEO_CONDITION_T), max(t_a, AUDIO_CONDITION_T)
-    fixed = {"text": t_v, "video": t_v, "audio": t_a, "cond_video": pinned_v, "ref_video": pinned_v,
-             "cond_audio": pinned_a, "ref_audio": pinned_a}
-    masked = {}
+    fixed = {SegmentRole.TEXT: t_v, SegmentRole.VIDEO: t_v, SegmentRole.AUDIO: t_a,
+             SegmentRole.COND_VIDEO: pinned_v, SegmentRole.REF_VIDEO: pinned_v,
+             SegmentRole.COND_AUDIO: pinned_a, SegmentRole.REF_AUDIO: pinned_a}
+    masked: dict[SegmentRole, torch.Tensor] = {}
     if video_mask is not None and not bool((video_mask >= FULL_MASK).all()):
-        masked["video"] = (1.0 - video_mask.reshape(-1).double().cpu() * sigma_video).clamp(max=pinned_v)
+        masked[SegmentRole.VIDEO] = (1.0 - video_mask.reshape(-1).double().cpu() * sigma_video).clamp(max=pinned_v)
     if audio_mask is not None and not bool((audio_mask >= FULL_MASK).all()):
         # Both stereo lanes of a latent frame share its mask value (rows are lane-major).
         rows = 1.0 - audio_mask.reshape(-1).double().cpu().repeat(2) * sigma_audio
-        masked["audio"] = rows.clamp(max=pinned_a)
+        masked[SegmentRole.AUDIO] = rows.clamp(max=pinned_a)
     t_rows = torch.empty(layout.seq_len, dtype=torch.float64)
     tags = torch.empty(layout.seq_len, dtype=torch.long)
     for seg in layout.segments:
@@ -343,7 +380,7 @@ def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
 def _reference_span(item: ConditionItem) -> float:
     # Clock units a reference block holds: a still image one unit whatever its size; otherwise the longer
     # of its sound (one unit per audio latent frame) and its picture (5/3 per pixel frame).
-    if item.kind == "image":
+    if item.kind is ReferenceKind.IMAGE:
         return 1.0
     sound = float(item.audio.shape[-1]) if item.audio is not None else 0.0
     picture = video_span(item.video.shape[1]) if item.video is not None else 0.0
@@ -433,7 +470,7 @@ def expand_audio_mask(frame_mask: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "TAG_VIDEO", "TAG_TEXT", "TAG_AUDIO", "FRAME_UNITS", "VIDEO_CONDITION_T", "AUDIO_CONDITION_T",
+    "SegmentRole", "ConditionRole", "ReferenceKind", "TAG_VIDEO", "TAG_TEXT", "TAG_AUDIO", "FRAME_UNITS", "VIDEO_CONDITION_T", "AUDIO_CONDITION_T",
     "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "FrameCoordinates", "frame_coordinates",
     "video_positions", "text_positions",
     "audio_positions", "ConditionItem", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",

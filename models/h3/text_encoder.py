@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.h3.layers import attention, compute_device, op, rope_split_half
+from kernels.prologues import Prologue
+from models import ops
+from models.h3.layers import attention, compute_device, rope_split_half
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3
@@ -56,27 +58,27 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.eps = cfg.num_heads, cfg.head_dim, cfg.norm_eps
         inner = cfg.num_heads * cfg.head_dim
-        self.input_norm = op("RMSNorm")(cfg.hidden_size, eps=cfg.norm_eps)
-        self.post_norm = op("RMSNorm")(cfg.hidden_size, eps=cfg.norm_eps)
+        self.input_norm = ops.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.post_norm = ops.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attn = nn.Module()
-        self.attn.qkv_proj = op("Linear")(cfg.hidden_size, 3 * inner, bias=False)
-        self.attn.q_norm = op("RMSNorm")(cfg.head_dim, eps=cfg.norm_eps)
-        self.attn.k_norm = op("RMSNorm")(cfg.head_dim, eps=cfg.norm_eps)
-        self.attn.out_proj = op("Linear")(inner, cfg.hidden_size, bias=False)
+        self.attn.qkv_proj = ops.Linear(cfg.hidden_size, 3 * inner, bias=False)
+        self.attn.q_norm = ops.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.attn.k_norm = ops.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.attn.out_proj = ops.Linear(inner, cfg.hidden_size, bias=False)
         self.mlp = nn.Module()
-        self.mlp.fc1 = op("Linear")(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)
-        self.mlp.fc2 = op("Linear")(cfg.ffn_size, cfg.hidden_size, bias=False)
+        self.mlp.fc1 = ops.Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)
+        self.mlp.fc2 = ops.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        qkv = self.attn.qkv_proj(x, prologue="rms_norm", prologue_weight=self.input_norm, eps=self.eps)
+        qkv = self.attn.qkv_proj(x, prologue=Prologue.RMS_NORM, prologue_weight=self.input_norm, eps=self.eps)
         q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).unbind(2)  # each (B, S, H, D)
         q = rope_split_half(self.attn.q_norm(q), *rope)
         k = rope_split_half(self.attn.k_norm(k), *rope)
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep[:, None, None, :], causal=True)
         x = self.attn.out_proj(out.transpose(1, 2).reshape(b, s, -1), residual=x)
-        h = self.mlp.fc1(x, prologue="rms_norm", prologue_weight=self.post_norm, eps=self.eps)
-        return self.mlp.fc2(h, prologue="swiglu", residual=x)
+        h = self.mlp.fc1(x, prologue=Prologue.RMS_NORM, prologue_weight=self.post_norm, eps=self.eps)
+        return self.mlp.fc2(h, prologue=Prologue.SWIGLU, residual=x)
 
 
 class TextEncoder(nn.Module):
@@ -86,7 +88,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         cfg = self.config = config or TextEncoderConfig()
         self.tokenizer = ByteTokenizer()
-        self.embed_tokens = op("Embedding")(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = ops.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.num_layers)])
 
     def tokenize(self, text: str, embeddings: dict[str, torch.Tensor] | None = None) -> list[int | torch.Tensor]:

@@ -19,8 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.prologues import Prologue
+from models import ops
 from models.h3 import packing
-from models.h3.layers import attention, op, rope_split_half
+from models.h3.packing import SegmentRole as Role
+from models.h3.layers import attention, rope_split_half
 from models.ops import input_dtype
 
 
@@ -68,7 +71,7 @@ TINY_CONFIG = H3TransformerConfig(
 
 
 def _rms_norm(dim: int, eps: float) -> nn.Module:
-    return op("RMSNorm")(dim, eps=eps)
+    return ops.RMSNorm(dim, eps=eps)
 
 
 def _falling_frequencies(count: int, base: float = 10000.0) -> torch.Tensor:
@@ -85,8 +88,8 @@ class TimestepEncoder(nn.Module):
     def __init__(self, feature_dim: int, hidden_dim: int, out_dim: int):
         super().__init__()
         self.feature_dim = feature_dim
-        self.proj_in = op("Linear")(feature_dim, hidden_dim, bias=True)
-        self.proj_out = op("Linear")(hidden_dim, out_dim, bias=True)
+        self.proj_in = ops.Linear(feature_dim, hidden_dim, bias=True)
+        self.proj_out = ops.Linear(hidden_dim, out_dim, bias=True)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         frequencies = _falling_frequencies(self.feature_dim // 2).to(t.device)
@@ -103,10 +106,10 @@ class RotarySelfAttention(nn.Module):
     def __init__(self, width: int, heads: int, head_dim: int, qk_eps: float):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
-        self.qkv_proj = op("Linear")(width, 3 * heads * head_dim, bias=False)
+        self.qkv_proj = ops.Linear(width, 3 * heads * head_dim, bias=False)
         self.q_norm = _rms_norm(head_dim, qk_eps)
         self.k_norm = _rms_norm(head_dim, qk_eps)
-        self.out_proj = op("Linear")(heads * head_dim, width, bias=False)
+        self.out_proj = ops.Linear(heads * head_dim, width, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,11 +129,11 @@ class SwiGLU(nn.Module):
 
     def __init__(self, width: int, inner: int):
         super().__init__()
-        self.fc1 = op("Linear")(width, 2 * inner, bias=False)
-        self.fc2 = op("Linear")(inner, width, bias=False)
+        self.fc1 = ops.Linear(width, 2 * inner, bias=False)
+        self.fc2 = ops.Linear(inner, width, bias=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return self.fc2(self.fc1(x), prologue="swiglu", residual=residual)
+        return self.fc2(self.fc1(x), prologue=Prologue.SWIGLU, residual=residual)
 
 
 class Modulation(nn.Module):
@@ -141,7 +144,7 @@ class Modulation(nn.Module):
         super().__init__()
         self.parts, self.tags, self.width, self.silu_input = parts, tags, width, silu_input
         # One output feature per (tag, part, channel), in that order: the checkpoint's layout.
-        self.linear = op("Linear")(time_dim, tags * parts * width, bias=True)
+        self.linear = ops.Linear(time_dim, tags * parts * width, bias=True)
 
     def forward(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
         source = F.silu(t_emb) if self.silu_input else t_emb
@@ -247,15 +250,15 @@ class OutputHeads(nn.Module):
         self.norm = _rms_norm(cfg.hidden_size, cfg.final_norm_eps)
         self.adaln_proj = Modulation(cfg.time_embed_dim, cfg.hidden_size, parts=2, tags=1,
                                      silu_input=cfg.adaln_curve_points is None)
-        self.video_out = op("Linear")(cfg.hidden_size, cfg.video_patch_dim, bias=True)
-        self.audio_out = op("Linear")(cfg.hidden_size, cfg.audio_channels, bias=True)
+        self.video_out = ops.Linear(cfg.hidden_size, cfg.video_patch_dim, bias=True)
+        self.audio_out = ops.Linear(cfg.hidden_size, cfg.audio_channels, bias=True)
 
     def forward(self, x: torch.Tensor, t_emb: torch.Tensor, t_index: torch.Tensor,
-                stream: str) -> torch.Tensor:
-        """Float32 velocities of `x`, rows of the "video" or the "audio" stream; t_index picks each row's timestep."""
+                stream: Role) -> torch.Tensor:
+        """Float32 velocities of `x`, rows of the VIDEO or the AUDIO target; t_index picks each row's timestep."""
         shift, scale = self.adaln_proj(t_emb)  # one row per timestep (a single tag)
         normed = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
-        head = self.video_out if stream == "video" else self.audio_out
+        head = self.video_out if stream == Role.VIDEO else self.audio_out
         return head(normed.to(head.weight.dtype)).float()
 
 
@@ -283,9 +286,9 @@ class H3Transformer(nn.Module):
         cfg = self.config = config or H3TransformerConfig()
         if 6 * cfg.rope_freqs_per_axis > cfg.head_dim:
             raise ValueError(f"rope_freqs_per_axis {cfg.rope_freqs_per_axis} rotates more than head_dim {cfg.head_dim}")
-        self.video_patch_proj = op("Linear")(cfg.video_patch_dim, cfg.hidden_size, bias=True)
-        self.audio_patch_proj = op("Linear")(cfg.audio_channels, cfg.hidden_size, bias=True)
-        self.condition_proj = op("Linear")(cfg.text_dim, cfg.hidden_size, bias=True)
+        self.video_patch_proj = ops.Linear(cfg.video_patch_dim, cfg.hidden_size, bias=True)
+        self.audio_patch_proj = ops.Linear(cfg.audio_channels, cfg.hidden_size, bias=True)
+        self.condition_proj = ops.Linear(cfg.text_dim, cfg.hidden_size, bias=True)
         if cfg.adaln_curve_points is not None:
             self.register_buffer("adaln_t_table", torch.zeros(cfg.adaln_curve_points, cfg.time_embed_dim))
         else:
@@ -379,16 +382,16 @@ class H3Transformer(nn.Module):
         # Rows are embedded in float32 (the patch projections are float32), then kept in the model dtype.
         x = torch.empty(seq, cfg.hidden_size, dtype=dtype, device=device)
         for seg in layout.segments:
-            if seg.role == "text":
+            if seg.role is Role.TEXT:
                 x[seg.start:seg.stop] = self.refine_text(text)
-            elif seg.role == "video":
+            elif seg.role is Role.VIDEO:
                 x[seg.start:seg.stop] = self._proj(self.video_patch_proj, packing.patchify_video(video.float())).to(dtype)
-            elif seg.role in ("cond_video", "ref_video"):
+            elif seg.role in (Role.COND_VIDEO, Role.REF_VIDEO):
                 rows = packing.patchify_video(items[seg.item].video.float().to(device))
                 rows = _noised_visual_condition(rows, seed)
                 x[seg.start:seg.stop] = self._proj(self.video_patch_proj, rows).to(dtype)
             else:
-                lat = audio if seg.role == "audio" else items[seg.item].audio
+                lat = audio if seg.role is Role.AUDIO else items[seg.item].audio
                 rows = packing.pack_audio(lat.float().to(device))
                 x[seg.start:seg.stop] = self._proj(self.audio_patch_proj, rows).to(dtype)
 
@@ -396,9 +399,9 @@ class H3Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, t_emb, mod, rope)
 
-        vs, as_ = layout.segment("video"), layout.segment("audio")
-        v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), "video")
-        a = self.final_layer(x[as_.start:as_.stop], t_emb, t_index[as_.start:as_.stop].to(device), "audio")
+        vs, as_ = layout.segment(Role.VIDEO), layout.segment(Role.AUDIO)
+        v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), Role.VIDEO)
+        a = self.final_layer(x[as_.start:as_.stop], t_emb, t_index[as_.start:as_.stop].to(device), Role.AUDIO)
         video_v = packing.unpatchify_video(v, lt, lh // 2, lw // 2, cfg.video_channels)
         audio_v = packing.unpack_audio(a)
         return video_v, audio_v

@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import memory
+from kernels.prologues import Prologue
+from models import memory, ops
 from models.h3 import tiling
 from models.h3.latents import pixel_frames
-from models.h3.layers import FrameGroupNorm, attention, compute_device, op, rms_norm, rope_split_half
+from models.h3.layers import FrameGroupNorm, attention, compute_device, rms_norm, rope_split_half
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -88,7 +89,7 @@ def _norm(groups: int, channels: int) -> FrameGroupNorm:
     return FrameGroupNorm(min(groups, channels), channels, eps=1e-6)
 
 
-class StridedCausalConv3d(op("Conv3d")):
+class StridedCausalConv3d(ops.Conv3d):
     """A strided causal conv (parameters as nn.Conv3d): zeros in front in time; spatial stride 2 pads one
     row and column at the far side by reflection, as the released encoder's downsampling does."""
 
@@ -107,7 +108,7 @@ class StridedCausalConv3d(op("Conv3d")):
 def _causal_conv(in_channels: int, out_channels: int, kernel: int) -> nn.Module:
     # models/ops.CausalConv3d: zero padding in front in time, reflect padding in space, and an optional fused
     # per-frame GroupNorm + SiLU before and residual after the convolution.
-    return op("CausalConv3d")(in_channels, out_channels, kernel)
+    return ops.CausalConv3d(in_channels, out_channels, kernel)
 
 
 class ResnetBlock3D(nn.Module):
@@ -177,13 +178,13 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.eps = heads, head_dim, eps
         dim = heads * head_dim
-        self.to_qkv = op("Linear")(dim, 3 * dim, bias=True)
-        self.to_out = op("Linear")(dim, dim, bias=True)
+        self.to_qkv = ops.Linear(dim, 3 * dim, bias=True)
+        self.to_out = ops.Linear(dim, dim, bias=True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], norm: nn.Module,
                 scale: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        qkv = self.to_qkv(x, prologue="rms_norm", prologue_weight=norm, eps=self.eps)
+        qkv = self.to_qkv(x, prologue=Prologue.RMS_NORM, prologue_weight=norm, eps=self.eps)
         q, k, v = qkv.view(b, s, self.heads, 3 * self.head_dim).chunk(3, dim=-1)  # each (B, S, H, D)
         q = rope_split_half(rms_norm(q, None, self.eps), *rope)
         k = rope_split_half(rms_norm(k, None, self.eps), *rope)
@@ -198,12 +199,12 @@ class DecoderFeedForward(nn.Module):
     def __init__(self, dim: int, mult: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.w1 = op("Linear")(dim, 2 * mult * dim, bias=True)
-        self.w2 = op("Linear")(mult * dim, dim, bias=True)
+        self.w1 = ops.Linear(dim, 2 * mult * dim, bias=True)
+        self.w2 = ops.Linear(mult * dim, dim, bias=True)
 
     def forward(self, x: torch.Tensor, norm: nn.Module, scale: torch.Tensor) -> torch.Tensor:
-        h = self.w1(x, prologue="rms_norm", prologue_weight=norm, eps=self.eps)
-        return self.w2(h, prologue="swiglu", residual=x, residual_scale=scale.to(x.dtype))
+        h = self.w1(x, prologue=Prologue.RMS_NORM, prologue_weight=norm, eps=self.eps)
+        return self.w2(h, prologue=Prologue.SWIGLU, residual=x, residual_scale=scale.to(x.dtype))
 
 
 class DecoderBlock(nn.Module):
@@ -212,10 +213,10 @@ class DecoderBlock(nn.Module):
     def __init__(self, cfg: VideoVAEConfig):
         super().__init__()
         dim = cfg.decoder_dim
-        self.norm1 = op("RMSNorm")(dim, eps=cfg.decoder_eps)
+        self.norm1 = ops.RMSNorm(dim, eps=cfg.decoder_eps)
         self.attn = DecoderAttention(cfg.decoder_heads, cfg.decoder_head_dim, cfg.decoder_eps)
         self.scale1 = nn.Parameter(torch.ones(dim))
-        self.norm2 = op("RMSNorm")(dim, eps=cfg.decoder_eps)
+        self.norm2 = ops.RMSNorm(dim, eps=cfg.decoder_eps)
         self.ff = DecoderFeedForward(dim, cfg.decoder_ffn_mult, cfg.decoder_eps)
         self.scale2 = nn.Parameter(torch.ones(dim))
 
@@ -232,12 +233,12 @@ class ViTDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         dim = cfg.decoder_dim
-        self.x_embedder = op("Linear")(cfg.latent_channels, dim, bias=True)
+        self.x_embedder = ops.Linear(cfg.latent_channels, dim, bias=True)
         self.register_tokens = nn.Parameter(torch.zeros(1, cfg.register_tokens, dim))
         self.register_buffer("mask_token", torch.zeros(1, 1, dim))  # unused at inference; part of the checkpoint
         self.transformer_blocks = nn.ModuleList([DecoderBlock(cfg) for _ in range(cfg.decoder_layers)])
-        self.norm_out = op("LayerNorm")(dim, eps=cfg.decoder_eps)
-        self.proj_out = op("Linear")(dim, cfg.image_channels * cfg.time_ratio * cfg.spatial_ratio ** 2, bias=True)
+        self.norm_out = ops.LayerNorm(dim, eps=cfg.decoder_eps)
+        self.proj_out = ops.Linear(dim, cfg.image_channels * cfg.time_ratio * cfg.spatial_ratio ** 2, bias=True)
         self.make_buffers()
 
     def make_buffers(self) -> None:
@@ -346,8 +347,8 @@ class VideoVAE(nn.Module):
         super().__init__()
         cfg = self.config = config or VideoVAEConfig()
         self.encoder = Encoder3D(cfg)
-        self.quant_conv = op("Conv3d")(2 * cfg.latent_channels, 2 * cfg.latent_channels, 1)
-        self.post_quant_conv = op("Conv3d")(cfg.latent_channels, cfg.latent_channels, 1)
+        self.quant_conv = ops.Conv3d(2 * cfg.latent_channels, 2 * cfg.latent_channels, 1)
+        self.post_quant_conv = ops.Conv3d(cfg.latent_channels, cfg.latent_channels, 1)
         self.decoder = ViTDecoder(cfg)
         self.register_buffer("latents_mean", torch.zeros(cfg.latent_channels))
         self.register_buffer("latents_std", torch.ones(cfg.latent_channels))
