@@ -51,7 +51,8 @@ def _snap_down(pixels: float) -> int:
 
 
 def downscale_to_area(width: int, height: int, max_pixels: int) -> tuple[int, int]:
-    """(width, height) on the 32-pixel grid with at most `max_pixels`, keeping the aspect; never enlarges."""
+    """A frame of at most `max_pixels` with the proportions of width x height, snapped to the size grid
+    without enlarging the source (a side under one grid step still becomes one step)."""
     scale = min(1.0, math.sqrt(max_pixels / (width * height)))
     sw, sh = width * scale, height * scale
     # Nearest grid size, but rounding may not turn a down-scale into an up-scale.
