@@ -32,7 +32,8 @@ class LogBuffer(logging.Handler):
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         self.entries: deque[dict[str, str]] = deque(maxlen=capacity)
         self.subscribers: set[str] = set()
-        self.lock = threading.Lock()
+        # Not `self.lock`: logging.Handler already holds that one around every emit.
+        self.entries_lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.hub: Any = None
 
@@ -42,7 +43,7 @@ class LogBuffer(logging.Handler):
             entry = {"t": stamp, "m": self.format(record) + "\n"}
         except Exception:  # a record that cannot be formatted is left out, never raised into the caller
             return
-        with self.lock:
+        with self.entries_lock:
             self.entries.append(entry)
             clients = list(self.subscribers)
         if clients and self.loop is not None and self.hub is not None:
@@ -59,7 +60,7 @@ class LogBuffer(logging.Handler):
 
     def snapshot(self) -> list[dict[str, str]]:
         """The kept lines, oldest first."""
-        with self.lock:
+        with self.entries_lock:
             return list(self.entries)
 
 
@@ -92,7 +93,7 @@ async def patch_subscribe(request: web.Request) -> web.Response:
             not isinstance(body.get("enabled"), bool):
         return json_error(400, "expected {\"clientId\": string, \"enabled\": true|false}")
     buffer = request.app[LOGS_KEY]
-    with buffer.lock:
+    with buffer.entries_lock:
         if body["enabled"]:
             buffer.subscribers.add(body["clientId"])
         else:
