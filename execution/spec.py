@@ -74,6 +74,9 @@ class InputSpec:
     folder: str | Callable[[], str] | None = None
     # For a file choice: a function returning how to get a missing file ("" when there is no advice).
     missing_hint: Callable[[], str] | None = None
+    # A hidden input /object_info writes as a bare string ("UNIQUE_ID"), as ComfyUI does for classic
+    # nodes, which declare it so; otherwise it is written [TYPE], as ComfyUI's newer node schema does.
+    hidden_as_string: bool = False
 
     def slot_names(self) -> list[str]:
         """An auto-grow group's slot names, in order."""

@@ -18,7 +18,8 @@ def _input_spec(node_id: str, name: str, kind: str, declaration: Any) -> InputSp
         value = declaration[0] if isinstance(declaration, (list, tuple)) else declaration
         if value not in HIDDEN_VALUES:
             _fail(node_id, f"input '{name}'", f"unknown hidden value {value!r}")
-        return InputSpec(name, value, "hidden")
+        # /object_info shows it as declared: classic nodes write a bare string, a few a one-element tuple.
+        return InputSpec(name, value, "hidden", hidden_as_string=isinstance(declaration, str))
     if not isinstance(declaration, (list, tuple)) or not declaration:
         _fail(node_id, f"input '{name}'", f"expected (TYPE, options), got {declaration!r}")
     type_ = declaration[0]

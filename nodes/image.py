@@ -115,8 +115,8 @@ NODES = [
         inputs=[
             Input.link("images", "IMAGE", tooltip="Images to write, one file each."),
             Input.string("filename_prefix", "ComfyUI", tooltip=_PREFIX_TOOLTIP),
-            Input.hidden("prompt", "PROMPT"),
-            Input.hidden("extra_pnginfo", "EXTRA_PNGINFO"),
+            Input.hidden("prompt", "PROMPT", as_string=True),  # ComfyUI's classic node: bare strings
+            Input.hidden("extra_pnginfo", "EXTRA_PNGINFO", as_string=True),
         ],
         outputs=[Output("IMAGE", "images")],
         search_aliases=("save", "save image", "export image", "output image", "write image"),
@@ -128,8 +128,8 @@ NODES = [
         execute=_preview_image, output_node=True,
         inputs=[
             Input.link("images", "IMAGE"),
-            Input.hidden("prompt", "PROMPT"),
-            Input.hidden("extra_pnginfo", "EXTRA_PNGINFO"),
+            Input.hidden("prompt", "PROMPT", as_string=True),  # ComfyUI's classic node: bare strings
+            Input.hidden("extra_pnginfo", "EXTRA_PNGINFO", as_string=True),
         ],
         outputs=[Output("IMAGE", "images")],
         search_aliases=("preview", "preview image", "show image", "view image"),

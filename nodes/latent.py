@@ -178,7 +178,9 @@ NODES = [
         inputs=[
             Input.link("samples", "LATENT"),
             Input.string("filename_prefix", "latents/ComfyUI"),
-            Input.hidden("prompt", "PROMPT"), Input.hidden("extra_pnginfo", "EXTRA_PNGINFO"),
+            # ComfyUI's classic node: /object_info shows these as bare strings.
+            Input.hidden("prompt", "PROMPT", as_string=True),
+            Input.hidden("extra_pnginfo", "EXTRA_PNGINFO", as_string=True),
         ],
         outputs=[],
     ),

@@ -109,8 +109,9 @@ class Input:
                          _opts(tooltip, lazy=lazy, rawLink=raw_link))
 
     @staticmethod
-    def hidden(name: str, value: str) -> InputSpec:
-        return InputSpec(name, value, "hidden")
+    def hidden(name: str, value: str, *, as_string: bool = False) -> InputSpec:
+        """A value the executor supplies; `as_string` when /object_info shows it bare, as for ComfyUI's classic nodes."""
+        return InputSpec(name, value, "hidden", hidden_as_string=as_string)
 
     @staticmethod
     def dynamic_combo(name: str, options: Mapping[str, Sequence[InputSpec]], *, tooltip: str | None = None) -> InputSpec:

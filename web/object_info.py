@@ -52,11 +52,12 @@ def node_info(spec: NodeSpec) -> dict[str, Any]:
     }
 
 
-def _input_info(inp: InputSpec) -> list[Any]:
-    """One input's entry: `[TYPE]` when hidden, `[choices, options]` for a combo, else `[TYPE, options]`;
-    dynamic combos and auto-grow groups carry their nested inputs in their options."""
+def _input_info(inp: InputSpec) -> list[Any] | str:
+    """One input's entry: `TYPE` or `[TYPE]` when hidden (as declared), `[choices, options]` for a
+    combo, else `[TYPE, options]`; dynamic combos and auto-grow groups carry their nested inputs in
+    their options."""
     if inp.kind == "hidden":
-        return [inp.type]
+        return inp.type if inp.hidden_as_string else [inp.type]
     opts = dict(inp.options)
     if inp.type == "COMBO":
         return [inp.choice_list(), opts]

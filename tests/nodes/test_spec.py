@@ -53,7 +53,7 @@ def test_classic_adapter_reads_every_field():
         def INPUT_TYPES(cls):
             return {"required": {"image": ("IMAGE",), "mode": (["fast", "slow"], {"default": "slow"})},
                     "optional": {"strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 2.0})},
-                    "hidden": {"unique_id": "UNIQUE_ID"}}
+                    "hidden": {"unique_id": "UNIQUE_ID", "prompt": ("PROMPT",)}}
 
         RETURN_TYPES = ("IMAGE", "INT")
         RETURN_NAMES = ("picture", "count")
@@ -73,8 +73,10 @@ def test_classic_adapter_reads_every_field():
     info = node_info(spec)
     assert OBJECT_INFO_FIELDS <= set(info)
     assert info["input"]["required"]["mode"] == [["fast", "slow"], {"default": "slow"}]
-    assert info["input"]["hidden"] == {"unique_id": ["UNIQUE_ID"]}
-    assert info["input_order"] == {"required": ["image", "mode"], "optional": ["strength"], "hidden": ["unique_id"]}
+    # Shown as declared, as ComfyUI shows a classic node's: a bare string, or a one-element list.
+    assert info["input"]["hidden"] == {"unique_id": "UNIQUE_ID", "prompt": ["PROMPT"]}
+    assert info["input_order"] == {"required": ["image", "mode"], "optional": ["strength"],
+                                   "hidden": ["unique_id", "prompt"]}
     assert info["output"] == ["IMAGE", "INT"] and info["output_name"] == ["picture", "count"]
     assert info["output_is_list"] == [False, True] and info["output_tooltips"] == ["the image", "how many"]
     assert info["python_module"] == "custom_nodes.pack" and info["output_node"] is True

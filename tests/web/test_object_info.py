@@ -2,7 +2,8 @@
 
 `object_info_expected.json` was written by the renderer as it stood before /object_info moved from
 NodeSpec into web/, over specs that use every shape the format has; a change of field, order or
-value here changes what the editor and clients read.
+value here changes what the editor and clients read. One field has changed since, on purpose: a hidden
+input declared as a bare string (as classic nodes declare it) is shown as that string, as ComfyUI shows it.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def catalogue() -> list[NodeSpec]:
             Input.link("image", "IMAGE", tooltip="Pixels.", lazy=True),
             Input.match_type("any", "T", allowed="IMAGE,MASK", optional=True),
             Input.hidden("uid", "UNIQUE_ID"),
-            Input.hidden("prompt", "PROMPT"),
+            Input.hidden("prompt", "PROMPT", as_string=True),
         ], outputs=[Output("IMAGE", "picture", tooltip="The result."), Output("INT", is_list=True),
                     Output("*", "same", match_type="T")],
             display_name="All widgets", category="tests/info", description="Every widget kind.",
@@ -64,3 +65,12 @@ def test_one_node_and_an_unknown_node():
     assert object_info(registry, "Dynamic") == {"Dynamic": expected["Dynamic"]}
     assert object_info(registry, "Nope") == {}
     assert node_info(registry.get("Bare")) == expected["Bare"]
+
+
+def test_hidden_inputs_of_comfyuis_classic_built_ins_are_bare_strings():
+    from nodes.registry import builtin_registry
+
+    registry = builtin_registry()
+    for node_id in ("SaveImage", "PreviewImage", "SaveLatent"):
+        assert node_info(registry.get(node_id))["input"]["hidden"] == {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}
+    assert node_info(registry.get("GetImageSize"))["input"]["hidden"] == {"unique_id": ["UNIQUE_ID"]}  # newer schema
