@@ -38,14 +38,16 @@ def check_name_characters(name: str, what: str = "file name") -> None:
                               "which a file name cannot hold")
 
 
-def confine(root: str | os.PathLike, name: str, *, subfolder: str = "") -> Path:
+def confine(root: str | os.PathLike, name: str, *, subfolder: str = "", absolute_inside: bool = False) -> Path:
     """Resolve `subfolder/name` inside `root`, refusing anything that would leave it.
 
     Refuses NUL bytes, absolute paths, drive letters, backslashes and `..` parts, then resolves
     symlinks and checks the result is still under the resolved root. Every file name that comes
-    from a request, a prompt or a workflow goes through here.
+    from a request, a prompt or a workflow goes through here. With `absolute_inside`, an absolute
+    POSIX `name` (and no subfolder) is taken as it is, and passes only when it lies under the root.
     """
     root_path = Path(root).resolve()
+    start = root_path
     parts = []
     for piece in (subfolder or "", name or ""):
         if not isinstance(piece, str):
@@ -56,7 +58,9 @@ def confine(root: str | os.PathLike, name: str, *, subfolder: str = "") -> Path:
         if "\\" in piece:
             raise UnsafePathError(f"file name {piece!r} contains a backslash")
         if piece.startswith("/") or (len(piece) > 1 and piece[1] == ":"):
-            raise UnsafePathError(f"file name {piece!r} is absolute")
+            if not (absolute_inside and not subfolder and piece.startswith("/")):
+                raise UnsafePathError(f"file name {piece!r} is absolute")
+            start = Path("/")
         for part in piece.split("/"):
             if part in ("..",):
                 raise UnsafePathError(f"file name {piece!r} leaves its folder")
@@ -64,7 +68,7 @@ def confine(root: str | os.PathLike, name: str, *, subfolder: str = "") -> Path:
                 parts.append(part)
     if not parts and not name:
         raise UnsafePathError("empty file name")
-    candidate = root_path.joinpath(*parts)
+    candidate = start.joinpath(*parts)
     resolved = candidate.resolve()
     if resolved != root_path and root_path not in resolved.parents:
         raise UnsafePathError(f"file name {name!r} resolves outside its folder")

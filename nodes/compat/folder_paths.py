@@ -117,13 +117,26 @@ def get_full_path_or_raise(folder_name: str, filename: str) -> str:
 
 # ---------------------------------------------------------------------- input/output files
 def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
-    """The path of 'name.png', 'name.png [output]' or 'name.png [temp]' (input folder by default)."""
+    """The path of 'name.png', 'name.png [output]' or 'name.png [temp]' (input folder by default).
+
+    An absolute path is accepted when it lies inside that folder, or (unannotated) inside the
+    input, output or temp folder; one anywhere else is refused (UnsafePathError)."""
     if not isinstance(name, str) or not name:
         raise UnsafePathError(f"file name must be a non-empty string, got {name!r}")
     for suffix, kind in _ANNOTATIONS.items():
         if name.endswith(suffix):
-            return str(confine(_paths().folder(kind), name[: -len(suffix)]))
-    return str(confine(default_dir if default_dir is not None else _paths().input, name))
+            return str(confine(_paths().folder(kind), name[: -len(suffix)], absolute_inside=True))
+    roots = [default_dir if default_dir is not None else _paths().input]
+    if not name.startswith("/"):
+        return str(confine(roots[0], name))
+    roots += [_paths().folder(kind) for kind in ("input", "output", "temp")]
+    for root in roots:
+        try:
+            return str(confine(root, name, absolute_inside=True))
+        except UnsafePathError:
+            continue
+    raise UnsafePathError(f"file name {name!r} is absolute and lies outside every folder a plugin may read "
+                          f"({', '.join(str(Path(root).resolve()) for root in dict.fromkeys(map(str, roots)))})")
 
 
 def exists_annotated_filepath(name: str) -> bool:

@@ -32,6 +32,20 @@ def test_names_inside_resolve(tmp_path):
     assert confine(tmp_path, "b.png", subfolder="x") == (tmp_path / "x" / "b.png").resolve()
 
 
+def test_an_absolute_name_is_accepted_only_when_asked_and_only_inside(tmp_path):
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    inside = str(root / "a" / "x.png")
+    with pytest.raises(UnsafePathError, match="is absolute"):
+        confine(root, inside)
+    assert confine(root, inside, absolute_inside=True) == root / "a" / "x.png"
+    for name in (str(tmp_path / "x.png"), str(root / ".." / "x.png"), "/etc/passwd"):
+        with pytest.raises(UnsafePathError):
+            confine(root, name, absolute_inside=True)
+    with pytest.raises(UnsafePathError, match="is absolute"):
+        confine(root, inside, subfolder="a", absolute_inside=True)  # no subfolder with an absolute name
+
+
 def test_output_numbering_continues(tmp_path):
     first, name, sub = next_output_name(tmp_path, "run/shot", "png")
     first.write_bytes(b"x")

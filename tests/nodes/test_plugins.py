@@ -416,6 +416,33 @@ def test_folder_paths_answers_from_the_configured_folders(compat):
     assert folder_paths.filter_files_content_types(["a.png", "b.txt", "c.mp4"], ["image", "video"]) == ["a.png", "c.mp4"]
 
 
+def test_folder_paths_accepts_an_absolute_path_inside_a_readable_folder_only(compat, tmp_path):
+    import os
+
+    import folder_paths
+
+    (compat.input / "sub").mkdir()
+    (compat.input / "sub" / "cat.png").write_bytes(b"x")
+    inside = str(compat.input / "sub" / "cat.png")
+    assert folder_paths.get_annotated_filepath(inside) == inside  # as ComfyUI returns it
+    assert folder_paths.exists_annotated_filepath(inside) is True
+    made = str(compat.output / "made.png")
+    assert folder_paths.get_annotated_filepath(made) == made  # the output folder may be read too
+    assert folder_paths.get_annotated_filepath(made + " [output]") == made
+    outside = tmp_path.parent / f"{tmp_path.name}_elsewhere.png"
+    for name in (str(outside), "/etc/passwd", str(compat.input / ".." / "escape.png"), str(compat.models / "a.png")):
+        with pytest.raises(UnsafePathError):
+            folder_paths.get_annotated_filepath(name)
+        assert folder_paths.exists_annotated_filepath(name) is False
+    with pytest.raises(UnsafePathError):
+        folder_paths.get_annotated_filepath(made + " [temp]")  # annotated: only that folder
+    # A symlink inside the input folder that points out of it is refused, absolute or not.
+    os.symlink("/etc", compat.input / "link")
+    for name in (str(compat.input / "link" / "passwd"), "link/passwd"):
+        with pytest.raises(UnsafePathError, match="outside"):
+            folder_paths.get_annotated_filepath(name)
+
+
 def test_folder_paths_save_path_counts_up_and_stays_inside(compat):
     import folder_paths
 
