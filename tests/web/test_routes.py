@@ -416,3 +416,25 @@ def test_logs_panel_gets_recent_lines_and_live_ones(light_server):
 
     pushed = asyncio.run(scenario())
     assert any(f"pushed {marker}" in entry["m"] for entry in pushed["entries"]) and pushed["size"]["cols"] > 0
+
+
+def test_a_log_line_through_the_logs_panel_handler_returns():
+    """logging.Handler.handle holds the handler's own lock around emit(); the panel's buffer must not
+    take that lock again (a second acquire of a plain Lock hung every INFO line of the server process)."""
+    import logging
+    import threading
+
+    from web.logs import LogBuffer
+
+    buffer = LogBuffer()
+    logger = logging.getLogger("weft.test.logs_panel")
+    logger.addHandler(buffer)
+    logger.setLevel(logging.INFO)
+    try:
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (logger.info("one line"), done.set()), daemon=True)
+        thread.start()
+        assert done.wait(10), "logging through the panel's buffer hung"
+        assert [e["m"] for e in buffer.snapshot()] == ["INFO weft.test.logs_panel: one line\n"]
+    finally:
+        logger.removeHandler(buffer)
