@@ -22,7 +22,7 @@ INNER = HEADS * HEAD_DIM  # 48: the q, k and v row blocks of qkv_proj are 48 row
 VIDEO_IN, AUDIO_IN, TEXT_IN, T_FREQ, T_EMBED = 96, 32, 20, 16, 16
 
 
-class Attention(nn.Module):
+class FusedAttention(nn.Module):
     """Fused qkv (rows [q | k | v]), per-head RMSNorm on q and k, out projection."""
 
     def __init__(self) -> None:
@@ -40,7 +40,7 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(0, 1).reshape(s, INNER))
 
 
-class MLP(nn.Module):
+class GatedFeedForward(nn.Module):
     """SwiGLU: fc1 rows are [gate; value]."""
 
     def __init__(self) -> None:
@@ -53,7 +53,7 @@ class MLP(nn.Module):
         return self.fc2(F.silu(gate) * value)
 
 
-class AdalnProj(nn.Module):
+class ModulationHead(nn.Module):
     def __init__(self, expand: int) -> None:
         super().__init__()
         self.linear = ops.Linear(T_EMBED, expand * HIDDEN, bias=True)
@@ -64,10 +64,10 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = ops.RMSNorm(HIDDEN, eps=1e-6)
         self.norm2 = ops.RMSNorm(HIDDEN, eps=1e-6)
-        self.attn = Attention()
-        self.mlp = MLP()
+        self.attn = FusedAttention()
+        self.mlp = GatedFeedForward()
         if modulated:
-            self.adaln_proj = AdalnProj(4)
+            self.adaln_proj = ModulationHead(4)
 
     def forward(self, x: torch.Tensor, t_emb: torch.Tensor | None = None) -> torch.Tensor:
         if t_emb is None:
@@ -78,25 +78,25 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2)
 
 
-class TokenRefiner(nn.Module):
+class PromptRefiner(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.blocks = nn.ModuleList([Block(modulated=False)])
         self.final_norm = ops.RMSNorm(HIDDEN, eps=1e-6)
 
 
-class TimeEmbedder(nn.Module):
+class TimestepProjection(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.proj_in = ops.Linear(T_FREQ, HIDDEN, bias=True)
         self.proj_out = ops.Linear(HIDDEN, T_EMBED, bias=True)
 
 
-class FinalLayer(nn.Module):
+class OutputProjection(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.norm = ops.RMSNorm(HIDDEN, eps=1e-6)
-        self.adaln_proj = AdalnProj(2)
+        self.adaln_proj = ModulationHead(2)
         self.video_out = ops.Linear(HIDDEN, VIDEO_IN, bias=True)
         self.audio_out = ops.Linear(HIDDEN, AUDIO_IN, bias=True)
 
@@ -109,10 +109,10 @@ class TinyH3(nn.Module):
         self.video_patch_proj = ops.Linear(VIDEO_IN, HIDDEN, bias=True)
         self.audio_patch_proj = ops.Linear(AUDIO_IN, HIDDEN, bias=True)
         self.condition_proj = ops.Linear(TEXT_IN, HIDDEN, bias=True)
-        self.time_embedder = TimeEmbedder()
-        self.token_refiner = TokenRefiner()
+        self.time_embedder = TimestepProjection()
+        self.token_refiner = PromptRefiner()
         self.blocks = nn.ModuleList([Block() for _ in range(num_blocks)])
-        self.final_layer = FinalLayer()
+        self.final_layer = OutputProjection()
 
     def forward(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor,
                 t_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
