@@ -193,6 +193,17 @@ def _flatten_epilogue(tensor: torch.Tensor | None, out_shape: tuple[int, ...], r
     return tensor.expand(out_shape).reshape(rows, channels), "full"
 
 
+def flatten_residual_scale(residual_scale: torch.Tensor | float | None, out_shape: tuple[int, ...], rows: int,
+                           device: torch.device) -> tuple[torch.Tensor | None, str]:
+    """The residual scale as a compiled graph takes it, and its kind for the shape class."""
+    if isinstance(residual_scale, torch.Tensor):
+        return _flatten_epilogue(residual_scale, out_shape, rows)
+    if residual_scale is not None:
+        # A Python float would be baked into the graph, recompiling for every value.
+        return torch.tensor(float(residual_scale), dtype=torch.float32, device=device), "scalar"
+    return None, "none"
+
+
 def _compiled_check(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
                     residual_scale=None) -> str | None:
     scale = residual_scale if isinstance(residual_scale, torch.Tensor) else None
@@ -216,13 +227,7 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
     out_shape = (*x.shape[:-1], out_features)
     x2 = x.reshape(rows, x.shape[-1])
     residual2, residual_kind = _flatten_epilogue(residual, out_shape, rows)
-    if isinstance(residual_scale, torch.Tensor):
-        scale, scale_kind = _flatten_epilogue(residual_scale, out_shape, rows)
-    elif residual_scale is not None:
-        # A Python float would be baked into the graph, recompiling for every value.
-        scale, scale_kind = torch.tensor(float(residual_scale), dtype=torch.float32, device=x.device), "scalar"
-    else:
-        scale, scale_kind = None, "none"
+    scale, scale_kind = flatten_residual_scale(residual_scale, out_shape, rows, x.device)
     if residual_kind == "channel" or residual_kind == "scalar":
         residual2, residual_kind = residual.expand(out_shape).reshape(rows, out_features), "full"
     fold_rms = prologue is Prologue.RMS_NORM and x.dtype != torch.float16

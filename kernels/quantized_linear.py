@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import compiled as _compiled
-from kernels.linear import _flatten_epilogue, apply_prologue, linear_eager
+from kernels.linear import _flatten_epilogue, apply_prologue, flatten_residual_scale, linear_eager
 from kernels.prologues import Prologue
 from kernels.quantized import FLOAT8_FORMATS, QuantizedWeight, WeightFormat, hadamard, rotate_rows
 from kernels.registry import KernelRegistry
@@ -187,13 +187,7 @@ def quantized_linear_int8_compiled(x: torch.Tensor, weight: QuantizedWeight, bia
     codes, row_scale = _activation_compiler.run(key, x2, prologue_weight, pre, rotation, prologue, float(eps))
     acc = int8_matmul(codes, weight.data)  # (M, N) int32
     residual2, residual_kind = _flatten_epilogue(residual, out_shape, rows)
-    if isinstance(residual_scale, torch.Tensor):
-        scale, scale_kind = _flatten_epilogue(residual_scale, out_shape, rows)
-    elif residual_scale is not None:
-        # A Python float would be baked into the graph, recompiling for every value.
-        scale, scale_kind = torch.tensor(float(residual_scale), dtype=torch.float32, device=x.device), "scalar"
-    else:
-        scale, scale_kind = None, "none"
+    scale, scale_kind = flatten_residual_scale(residual_scale, out_shape, rows, x.device)
     out_dtype = residual.dtype if residual is not None else x.dtype
     weight_scale = weight.scale.float().reshape(1, -1)
     key = (out_features, weight_scale.shape[1] == 1, bias is not None, residual_kind,
