@@ -14,12 +14,16 @@ from execution.graph import PromptNode
 class NodeProgress:
     """The non-pending nodes of one job and their value, max and state; sends `progress_state` on change."""
 
-    __slots__ = ("prompt_id", "emit", "node_of", "entries")
+    __slots__ = ("prompt_id", "emit", "listening", "node_of", "entries")
 
     def __init__(self, prompt_id: str, emit: Callable[[str, dict], None],
-                 node_of: Callable[[str], PromptNode | None]) -> None:
+                 node_of: Callable[[str], PromptNode | None], *,
+                 listening: Callable[[], bool] = lambda: True) -> None:
         self.prompt_id = prompt_id
         self.emit = emit
+        # Each event copies every entry (ComfyUI's shape), so a job of N nodes builds O(N^2) data: build it
+        # only while someone receives it (a headless run or a bench with no subscriber pays nothing).
+        self.listening = listening
         self.node_of = node_of  # the job's node by id (expansions add nodes while it runs)
         self.entries: dict[str, dict[str, Any]] = {}
 
@@ -48,6 +52,8 @@ class NodeProgress:
                 "real_node_id": (node.real_id or node.id) if node is not None else node_id}
         else:
             entry["value"], entry["max"], entry["state"] = value, maximum, state
+        if not self.listening():
+            return
         # A copy per event: subscribers may keep the data, and later changes must not rewrite it.
         self.emit("progress_state", {"prompt_id": self.prompt_id,
                                      "nodes": {key: dict(item) for key, item in self.entries.items()}})

@@ -157,7 +157,8 @@ class _Job:
         self.control = control
         self.result = JobResult(prompt_id, "success")
         self.roots: set[str] = set()  # the outputs the run was asked for (stand-ins resolved)
-        self.progress = NodeProgress(prompt_id, self.emit, lambda node_id: self.prompt.nodes.get(node_id))
+        self.progress = NodeProgress(prompt_id, self.emit, lambda node_id: self.prompt.nodes.get(node_id),
+                                     listening=lambda: self.bus.active)
         self.readiness = Readiness(prompt, executor.registry, executor.cache,
                                    structural if structural is not None else [], self._served)
         self.caller = NodeCaller(prompt, prompt_id, extra_data, executor.paths, executor.runtime, self.emit,
