@@ -252,6 +252,11 @@ def settle_staged(folders: list[Path] | tuple[Path, ...], committed_tokens: set[
     for folder in folders:
         if not Path(folder).is_dir():
             continue
+        # A write cut short leaves its temporary `.<staged name>...part` beside the staged name: never whole.
+        for path in Path(folder).rglob("." + STAGING_PREFIX + "*.part"):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                report["removed"] += 1
         for path in Path(folder).rglob(STAGING_PREFIX + "*"):
             parts = _staged_parts(path.name)
             if not path.is_file():

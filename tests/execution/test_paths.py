@@ -93,3 +93,18 @@ def test_staged_outputs_are_numbered_with_the_others_and_appear_only_when_commit
     assert settle_staged([tmp_path], {staging_token("recorded")}) == {"committed": 1, "removed": 1}
     assert (tmp_path / "shot_00005_.png").read_bytes() == b"done" and not (tmp_path / "shot_00004_.png").exists()
     assert next_output_name(tmp_path, "shot", "png")[1] == "shot_00006_.png"
+
+
+def test_a_write_cut_short_inside_a_staged_attempt_leaves_no_file(tmp_path):
+    """A kill during atomic_write_bytes leaves `.<staged name>.part`; settling removes it whatever the job's fate."""
+    from execution.paths import begin_staging, end_staging, settle_staged, staging_token
+
+    for prompt_id in ("cut-short", "recorded"):
+        begin_staging(staging_token(prompt_id))
+        path = next_output_name(tmp_path, "runs/run", "txt")[0]
+        path.parent.mkdir(exist_ok=True)
+        path.with_name(f".{path.name}.part").write_bytes(b"half")  # the temporary name atomic_write_bytes uses
+        end_staging()
+    report = settle_staged([tmp_path], {staging_token("recorded")})
+    assert report == {"committed": 0, "removed": 2}
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
