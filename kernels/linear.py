@@ -6,7 +6,6 @@ One public function, `linear`, with several backends behind a capability check (
             dynamic from the second); CPU and CUDA
   triton    a Triton kernel with prologue and epilogue fused into the matrix product (kernels/triton_linear.py);
             CUDA with the triton package (CPU tensors only under TRITON_INTERPRET=1, and only when forced)
-  kitchen   comfy-kitchen's fused linear, only when `comfy_kitchen` is importable and capable
 
 Prologues (kernels/prologues.py, `Prologue` or its value): `rms_norm` (x / rms(x) * prologue_weight, eps),
 `swiglu` (silu(first half of x) * second half; x then has twice the weight's input features),

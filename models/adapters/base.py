@@ -172,9 +172,3 @@ class WeightPatch:
     def nbytes_factors(self) -> int:
         """Bytes of the stored factors (what on-the-fly application keeps besides the base)."""
         return sum(t.numel() * t.element_size() for t in self.source.tensors().values())
-
-
-def describe_target(patch: WeightPatch) -> str:
-    """`module.weight` or `module.weight rows a:b`, for messages."""
-    where = f"{patch.module_name}.{patch.param_name}"
-    return where if patch.rows is None else f"{where} rows {patch.rows[0]}:{patch.rows[1]}"
