@@ -90,7 +90,7 @@ def pipeline(base: Path) -> dict:
     run_context.configure(paths)
     prompt = ui_to_api(json.loads(WORKFLOW.read_text()), registry)
     (noise,) = [n for n, node in prompt.items() if node["class_type"] == "RandomNoise"]
-    executor = Executor(registry, cache=make_cache("classic"), paths=paths, runtime={})
+    executor = Executor(registry, cache=make_cache("classic"), paths=paths, runtime=run_context.Services())
 
     cold, cold_wall = run(executor, registry, prompt)
     warm_runs = []

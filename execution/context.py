@@ -50,24 +50,6 @@ class Services:
         be freed; each is made again when next asked for."""
         self._shared.clear()
 
-    # The mapping reads of the plain dict this replaced, for node code that still uses them
-    # (`runtime.get("max_loop_iterations")`, `runtime.setdefault("model_cache", ...)`).
-    def get(self, name: str, default: Any = None) -> Any:
-        """A setting or shared object by name, or `default`."""
-        if name in self.SETTINGS:
-            return getattr(self, name)
-        return self._shared.get(name, default)
-
-    def setdefault(self, name: str, value: Any) -> Any:
-        """The shared object `name`, set to `value` when there is none yet."""
-        return self._shared.setdefault(name, value)
-
-    def __getitem__(self, name: str) -> Any:
-        found = self.get(name, _ABSENT)
-        if found is _ABSENT:
-            raise KeyError(name)
-        return found
-
 
 _ABSENT = object()
 

@@ -35,7 +35,7 @@ class NodeCaller:
     """Gathers a node's inputs and calls it, within one job."""
 
     def __init__(self, prompt: Prompt, prompt_id: str, extra_data: dict, paths: Paths,
-                 runtime: run_context.Services | dict,
+                 runtime: run_context.Services,
                  emit: Callable[[str, dict], None], is_interrupted: Callable[[], bool]) -> None:
         self.prompt = prompt
         self.prompt_id = prompt_id

@@ -121,7 +121,7 @@ class Executor:
     """Runs prompts against a registry with one output cache shared across jobs."""
 
     def __init__(self, registry: Registry, *, cache: OutputCache | None = None, events: EventBus | None = None,
-                 paths: Paths | None = None, runtime: run_context.Services | dict | None = None) -> None:
+                 paths: Paths | None = None, runtime: run_context.Services | None = None) -> None:
         self.registry = registry
         self.cache = cache if cache is not None else NoCache()
         self.events = events or EventBus()

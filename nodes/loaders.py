@@ -31,7 +31,7 @@ EMBEDDING_SUFFIXES = (".safetensors", ".sft")
 
 def model_cache() -> ModelCache:
     """The running runtime's cache of loaded model files."""
-    return current().runtime.setdefault("model_cache", ModelCache())
+    return current().runtime.shared("model_cache", ModelCache)
 
 
 # The model folders `python -m models.h3.make_tiny` fills (kept here: importing make_tiny imports torch models).

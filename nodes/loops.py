@@ -45,7 +45,7 @@ import itertools
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-from execution.context import current
+from execution.context import DEFAULT_MAX_LOOP_ITERATIONS, current
 from execution.errors import node_error
 from execution.graph import Link, Prompt, PromptNode
 from execution.rewrite import GraphRewrite, RewriteResult
@@ -54,7 +54,6 @@ from nodes.spec import MATCH_TYPE, Input, InputSpec, NodeOutput, NodeSpec, Outpu
 START = "StartLoop"
 END = "EndLoop"
 LOOP_KEY = "__loop__"  # the input the loop rewrite adds to an End Loop: its LoopTemplate (declared in LOOPS)
-DEFAULT_MAX_ITERATIONS = 10_000  # main.py --max-loop-iterations
 END_BODY_INPUTS = ("output_value", "next_iteration_value", "break_when")
 TERMINATIONS = "terminations."
 CATEGORY = "utilities/looping"
@@ -252,7 +251,7 @@ class LoopRun:
         self.done = 0
         self.outputs: list = []
         self.previous_next: Link | None = None  # live link to the last iteration's next_iteration_value
-        self.max_iterations = DEFAULT_MAX_ITERATIONS
+        self.max_iterations = DEFAULT_MAX_LOOP_ITERATIONS
 
     def __repr__(self) -> str:
         return f"LoopRun({self.end_id}, {self.token})"
@@ -439,7 +438,7 @@ def _loop_step(loop: list, output_value: list | None = None, break_when: list | 
                cache_iterations: list | None = None, **_: Any) -> NodeOutput | tuple:
     run: LoopRun = loop[0]
     if run.values is None:  # step 0: plan from the Start's inputs
-        run.max_iterations = int(current().runtime.get("max_loop_iterations") or DEFAULT_MAX_ITERATIONS)
+        run.max_iterations = current().runtime.max_loop_iterations
         run.plan(mode=_first(mode, "simple"), num_iterations=_first(num_iterations, 4),
                  start_iteration_index=_first(start_iteration_index, 0), max_iteration=_first(max_iteration, 4),
                  step=_first(step, 1), items=list, cache_iterations=bool(_first(cache_iterations, False)))
@@ -658,7 +657,7 @@ def _analyse(prompt: Prompt, registry, options: Mapping[str, Any]) -> _LoopAnaly
                        f"End Loop {errors.label(end)}: accumulate comes from {errors.label(accumulate.node)} inside "
                        f"the loop of Start Loop {errors.label(start)}; it must be fixed before the loop starts",
                        {start, end, accumulate.node}, input_name="accumulate", received=accumulate.to_json())
-        _check_count(errors, nodes[start], int(options.get("max_loop_iterations") or DEFAULT_MAX_ITERATIONS))
+        _check_count(errors, nodes[start], int(options.get("max_loop_iterations") or DEFAULT_MAX_LOOP_ITERATIONS))
     return _LoopAnalysis(errors, pairs, bodies, outputs & relevant, ends, end_inputs)
 
 

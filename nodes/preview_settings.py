@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from execution.context import DEFAULT_PREVIEW_METHOD, DEFAULT_PREVIEW_SIZE
+from execution.context import DEFAULT_PREVIEW_METHOD, DEFAULT_PREVIEW_SIZE, Services
 
 PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd-like", "full")
 FULL_DECODE_EVERY = 4
@@ -51,9 +51,9 @@ def services_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "preview_size": int(getattr(args, "preview_size", DEFAULT_PREVIEW_SIZE))}
 
 
-def resolve_method(runtime: Any, extra_data: dict[str, Any] | None) -> str:
+def resolve_method(runtime: Services, extra_data: dict[str, Any] | None) -> str:
     """The method a job uses: its own `preview_method` when valid, else the runtime's (auto -> latent2rgb)."""
-    method = runtime.get("preview_method", DEFAULT_PREVIEW_METHOD)  # execution.context.Services, or a dict
+    method = runtime.preview_method
     requested = (extra_data or {}).get("preview_method")
     if isinstance(requested, str):
         requested = EDITOR_NAMES.get(requested, requested)

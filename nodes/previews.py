@@ -200,7 +200,7 @@ def register_vae(vae: Any) -> None:
         return
     ctx = current()
     channels = int(vae.model.config.latent_channels)
-    ctx.runtime.setdefault(SOURCES_KEY, {})[channels] = vae
+    ctx.runtime.shared(SOURCES_KEY, dict)[channels] = vae
     if resolve_method(ctx.runtime, ctx.extra_data) != "none":
         try:
             projection_for(vae)  # fitted while loading, so sampling never waits for it
@@ -252,11 +252,11 @@ class SamplerPreviews:
         method = resolve_method(ctx.runtime, ctx.extra_data)
         samples = latent.get("samples")
         channels = int(samples.shape[1]) if isinstance(samples, torch.Tensor) and samples.dim() == 5 else None
-        vae = ctx.runtime.get(SOURCES_KEY, {}).get(channels)
+        vae = ctx.runtime.shared(SOURCES_KEY, dict).get(channels)
         has_audio = isinstance(latent.get("audio_samples"), torch.Tensor)
         if vae is None and not has_audio:
             method = "none"  # nothing to draw: plain progress
-        return cls(ctx, method, vae, int(ctx.runtime.get("preview_size", DEFAULT_PREVIEW_SIZE)))
+        return cls(ctx, method, vae, ctx.runtime.preview_size)
 
     def __enter__(self) -> "SamplerPreviews":
         return self

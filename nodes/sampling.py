@@ -76,12 +76,12 @@ class _GuidedModel:
     def __call__(self, video, audio, context, sigma_video, sigma_audio, *, context_mask=None, conditions=None,
                  video_mask=None, audio_mask=None, condition_seed=0):
         from models.h3 import packing
-        from models.h3.sampling import _conditioning
+        from models.h3.sampling import split_conditioning
 
         common = dict(video_mask=video_mask, audio_mask=audio_mask, condition_seed=condition_seed)
         v_pos, a_pos = self.handle(video, audio, context, sigma_video, sigma_audio, context_mask=context_mask,
                                    conditions=conditions, **common)
-        hidden, extras = _conditioning(self.negative)
+        hidden, extras = split_conditioning(self.negative)
         b, _, _, lh, lw = video.shape
         items = [packing.condition_items(extras, i, target_frames=self.frames, latent_h=lh + lh % 2,
                                          latent_w=lw + lw % 2, audio_t=audio.shape[-1]) for i in range(b)]

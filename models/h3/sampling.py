@@ -136,7 +136,6 @@ def split_conditioning(conditioning) -> tuple[torch.Tensor, dict]:
     return hidden, extras
 
 
-_conditioning = split_conditioning  # the name nodes/sampling.py imported first
 
 
 def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str = "euler",

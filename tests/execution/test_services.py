@@ -21,17 +21,17 @@ def test_shared_objects_are_made_once_per_runtime():
     assert services.max_loop_iterations == 5 and Services().max_loop_iterations == DEFAULT_MAX_LOOP_ITERATIONS
 
 
-def test_mapping_reads_of_node_code_see_the_same_values():
-    services = Services(max_loop_iterations=3)
-    assert services.get("max_loop_iterations") == 3
-    cache = services.setdefault("model_cache", {"kept": 1})
-    assert services.setdefault("model_cache", {}) is cache and services["model_cache"] is cache
+def test_settings_are_declared_and_shared_objects_are_released_together():
+    services = Services(max_loop_iterations=3, preview_size=256)
+    assert (services.max_loop_iterations, services.preview_size) == (3, 256)
+    cache = services.shared("model_cache", dict)
+    cache["kept"] = 1
     assert services.shared("model_cache", dict) is cache
-    assert services.get("missing", "fallback") == "fallback"
-    with pytest.raises(KeyError):
-        services["missing"]
+    services.release_shared()
+    assert services.shared("model_cache", dict) == {}
     with pytest.raises(AttributeError):
         services.anything_else = 1  # settings are declared, not added on the fly
+    assert not hasattr(services, "get")  # one way in: a declared setting or a named shared object
 
 
 def test_a_node_call_without_services_gets_its_own(tmp_path):

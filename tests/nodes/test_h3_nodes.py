@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from execution import context as run_context
 from execution.cache import make_cache
+from execution.context import Services
 from execution.errors import PromptError
 from execution.events import EventBus
 from execution.paths import Paths
@@ -82,11 +83,11 @@ def write_tiny_lora(path: Path, transformer_file: Path, *, text_encoder_file: Pa
 class H3Env:
     """A base folder with the tiny models, the configured folders, and an executor over it."""
 
-    def __init__(self, registry, base: Path, *, cache: str = "classic", runtime: dict | None = None) -> None:
+    def __init__(self, registry, base: Path, *, cache: str = "classic", runtime: Services | None = None) -> None:
         self.registry = registry
         self.paths = Paths(base).ensure()
         self.events = EventBus()
-        self.runtime = runtime if runtime is not None else {}
+        self.runtime = runtime if runtime is not None else Services()
         self.executor = Executor(registry, cache=make_cache(cache), events=self.events, paths=self.paths,
                                  runtime=self.runtime)
 
@@ -309,7 +310,7 @@ def test_new_seed_reuses_loaded_models_and_the_text_encoding(h3):
     second = h3.run(prompt)
     assert "text" not in second.executed and "clip" not in second.executed and "unet" not in second.executed
     assert "sample" in second.executed
-    assert len(h3.runtime["model_cache"]) == 4
+    assert len(h3.runtime.shared("model_cache", dict)) == 4
     assert not torch.equal(probe(first, "probe_latent")["samples"], probe(second, "probe_latent")["samples"])
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from execution.cache import make_cache
+from execution.context import Services
 from execution.convert import ui_to_api
 from execution.errors import PromptError
 from execution.events import EventBus
@@ -475,7 +476,7 @@ def test_iteration_cap_at_validation_and_at_run_time(registry, paths):
         "e": end(["s", 3]),
         "o": out(["e", 0]),
     }
-    executor = Executor(registry, cache=make_cache("none"), paths=paths, runtime={"max_loop_iterations": 3})
+    executor = Executor(registry, cache=make_cache("none"), paths=paths, runtime=Services(max_loop_iterations=3))
     result = executor.run(validate_prompt(listed, registry), prompt_id="cap")
     assert result.status == "error" and result.error["node_id"] == "s"
     assert "4 iterations" in result.error["exception_message"]

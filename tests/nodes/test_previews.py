@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from execution.context import Services
 from models.loading import load_model
 from nodes import previews
 from nodes.loaders import VAE
@@ -85,7 +86,7 @@ def test_projection_from_the_model_metadata(tmp_path_factory):
 ])
 def test_a_job_overrides_the_server_method(server, job, expected):
     extra = {} if job is None else {"preview_method": job}
-    assert resolve_method({"preview_method": server}, extra) == expected
+    assert resolve_method(Services(preview_method=server), extra) == expected
 
 
 def test_audio_strip_follows_the_energy_over_time():
@@ -105,7 +106,7 @@ def _run_collecting(h3, prompt, extra_data=None):
 
 @pytest.mark.parametrize("method", ["latent2rgb", "taesd-like", "full"])
 def test_sampler_sends_a_preview_and_an_audio_strip_every_step(h3, method):
-    h3.runtime.update(preview_method=method, preview_size=40)
+    h3.runtime.preview_method, h3.runtime.preview_size = method, 40
     seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=22, steps=4, save_video=False))
     sampler = [(e, d) for e, d in seen if d.get("node") == "sample" or d.get("display_node") == "sample"]
     shots = [d for e, d in sampler if e == "preview"]
@@ -125,7 +126,7 @@ def test_sampler_sends_a_preview_and_an_audio_strip_every_step(h3, method):
 
 
 def test_previews_are_never_larger_than_the_picture_and_a_job_can_turn_them_off(h3):
-    h3.runtime.update(preview_method="auto", preview_size=512)
+    h3.runtime.preview_method, h3.runtime.preview_size = "auto", 512
     seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=2, save_video=False))
     shots = [d for e, d in seen if e == "preview"]
     assert 1 <= len(shots) <= 2 and shots[-1]["image"][1].size == (64, 32)
