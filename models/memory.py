@@ -510,6 +510,18 @@ def using(module: nn.Module, *, dtype: torch.dtype | None = None) -> Iterator[tu
 
 
 @contextlib.contextmanager
+def using_if_module(value: nn.Module | torch.Tensor | None, *, dtype: torch.dtype | None = None
+                    ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """`using(value)` when `value` is a module (a norm whose weights feed another op's prologue);
+    otherwise `(value, None)` as given, with nothing to take or release."""
+    if not isinstance(value, nn.Module):
+        yield value, None
+        return
+    with using(value, dtype=dtype) as taken:
+        yield taken
+
+
+@contextlib.contextmanager
 def using_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """`with using_named(module, dtype=x.dtype) as own:` the module's own parameters and buffers by
     name (not its children's) for the block, released after."""

@@ -17,7 +17,7 @@ from kernels.linear import apply_prologue, linear
 from kernels.prologues import Prologue
 from kernels.quantized import QuantizedWeight, embedding_rows, storage_shape
 from kernels.norms import rms_norm
-from models.memory import release, take, using, using_named
+from models.memory import using, using_if_module, using_named
 from models.patcher import apply_patches, patch_signature
 from models.quant.markers import LayerQuant
 from models.quant.writer import encode_weight
@@ -34,16 +34,10 @@ class Linear(nn.Linear):
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
                 residual: torch.Tensor | None = None,
                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
-        norm_module = prologue_weight if isinstance(prologue_weight, nn.Module) else None
-        if norm_module is not None:
-            prologue_weight, _ = take(norm_module, dtype=x.dtype)
-        try:
-            with using(self, dtype=x.dtype) as (weight, bias):
-                return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                              residual=residual, residual_scale=residual_scale)
-        finally:
-            if norm_module is not None:
-                release(norm_module)
+        with using_if_module(prologue_weight, dtype=x.dtype) as (prologue_weight, _), \
+                using(self, dtype=x.dtype) as (weight, bias):
+            return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+                          residual=residual, residual_scale=residual_scale)
 
 
 class Conv1d(nn.Conv1d):
@@ -91,20 +85,14 @@ class CausalConv3d(nn.Conv3d):
 
     def forward(self, x: torch.Tensor, *, norm: nn.GroupNorm | None = None, silu: bool = False,
                 residual: torch.Tensor | None = None, context: torch.Tensor | None = None) -> torch.Tensor:
-        norm_weight = norm_bias = None
-        if norm is not None:
-            norm_weight, norm_bias = take(norm, dtype=x.dtype)
-        try:
-            with using(self, dtype=x.dtype) as (weight, bias):
-                return causal_conv3d(
-                    x, weight, bias, stride=self.stride, dilation=self.dilation,
-                    num_groups=norm.num_groups if norm is not None else None,
-                    norm_weight=norm_weight, norm_bias=norm_bias, eps=norm.eps if norm is not None else 1e-6,
-                    silu=silu, spatial_padding=self.spatial_padding, residual=residual,
-                    context=context)  # (B, C_out, T', H', W')
-        finally:
-            if norm is not None:
-                release(norm)
+        with using_if_module(norm, dtype=x.dtype) as (norm_weight, norm_bias), \
+                using(self, dtype=x.dtype) as (weight, bias):
+            return causal_conv3d(
+                x, weight, bias, stride=self.stride, dilation=self.dilation,
+                num_groups=norm.num_groups if norm is not None else None,
+                norm_weight=norm_weight, norm_bias=norm_bias, eps=norm.eps if norm is not None else 1e-6,
+                silu=silu, spatial_padding=self.spatial_padding, residual=residual,
+                context=context)  # (B, C_out, T', H', W')
 
 
 class GroupNorm(nn.GroupNorm):
@@ -237,27 +225,20 @@ class QuantizedLinear(QuantizedLayer):
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
                 residual: torch.Tensor | None = None,
                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
-        norm_module = prologue_weight if isinstance(prologue_weight, nn.Module) else None
-        if norm_module is not None:
-            prologue_weight, _ = take(norm_module, dtype=x.dtype)
-        try:
-            with using_named(self) as own:
-                weight = self.quantized_weight(own)
-                bias = own.get("bias")
-                if bias is not None:
-                    bias = apply_patches(self, "bias", bias.to(x.dtype))
-                if not patch_signature(self, "weight"):
-                    return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                                  residual=residual, residual_scale=residual_scale)
-                dense = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
-                if weight.pre_quant_scale is not None:
-                    x = apply_prologue(x, prologue, prologue_weight, eps) * weight.pre_quant_scale.to(x.dtype)
-                    prologue = prologue_weight = None
-                return linear(x, dense, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+        with using_if_module(prologue_weight, dtype=x.dtype) as (prologue_weight, _), using_named(self) as own:
+            weight = self.quantized_weight(own)
+            bias = own.get("bias")
+            if bias is not None:
+                bias = apply_patches(self, "bias", bias.to(x.dtype))
+            if not patch_signature(self, "weight"):
+                return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                               residual=residual, residual_scale=residual_scale)
-        finally:
-            if norm_module is not None:
-                release(norm_module)
+            dense = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
+            if weight.pre_quant_scale is not None:
+                x = apply_prologue(x, prologue, prologue_weight, eps) * weight.pre_quant_scale.to(x.dtype)
+                prologue = prologue_weight = None
+            return linear(x, dense, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
+                          residual=residual, residual_scale=residual_scale)
 
 
 class QuantizedEmbedding(QuantizedLayer):
