@@ -46,13 +46,16 @@ def state_of(request: web.Request) -> ServerState:
 
 
 def refuses_os_errors(handler):
-    """A file name the file system itself refuses (too long, a component that is a file...) is a 400."""
+    """A path that leads out of its root, or a file name the file system itself refuses (too long, a
+    component that is a file...), is a 400 naming the problem."""
     import functools
 
     @functools.wraps(handler)
     async def wrapped(request: web.Request):
         try:
             return await handler(request)
+        except UnsafePathError as exc:
+            return _bad(str(exc)[:300])
         except OSError as exc:
             return json_error(400, f"file name not usable: {exc.strerror or exc}"[:300], error_type="invalid_request")
 
@@ -157,11 +160,8 @@ async def get_view(request: web.Request) -> web.StreamResponse:
     filename = query.get("filename")
     if not filename:
         return _bad("'filename' is required")
-    try:
-        root = state.paths.folder(query.get("type", "output") or "output")
-        path = confine(root, filename, subfolder=query.get("subfolder", ""))
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    root = state.paths.folder(query.get("type", "output") or "output")
+    path = confine(root, filename, subfolder=query.get("subfolder", ""))
     shown_name = path.name
     if not path.is_file():
         # A running job's output keeps its staging name until the job's record is written; the editor
@@ -524,10 +524,7 @@ async def list_userdata(request: web.Request) -> web.Response:
     directory = request.query.get("dir", "")
     if not directory:
         return _bad("'dir' is required")
-    try:
-        folder = confine(state.user_root, directory)
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    folder = confine(state.user_root, directory)
     if not folder.is_dir():
         return _bad(f"no user data folder {directory[:200]!r}", 404)
     recurse = request.query.get("recurse", "").lower() in ("true", "1")
@@ -558,10 +555,7 @@ async def list_userdata_v2(request: web.Request) -> web.Response:
     """`[{name, path, type, size?, modified}]` for one folder of the user data."""
     state = state_of(request)
     relative = request.query.get("path", "")
-    try:
-        folder = confine(state.user_root, relative) if relative else state.user_root.resolve()
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    folder = confine(state.user_root, relative) if relative else state.user_root.resolve()
     if not folder.is_dir():
         return _bad(f"no user data folder {relative[:200]!r}", 404)
     entries = []
@@ -585,10 +579,7 @@ async def get_userdata(request: web.Request) -> web.StreamResponse:
     """One user data file (an empty stylesheet for the editor's optional user.css)."""
     state = state_of(request)
     name = request.match_info["file"]
-    try:
-        path = _user_path(state, name)
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    path = _user_path(state, name)
     if not path.is_file():
         if name == "user.css":  # the editor always links the user's optional stylesheet
             return web.Response(text="/* no user.css in the user folder */\n", content_type="text/css")
@@ -604,10 +595,7 @@ async def post_userdata(request: web.Request) -> web.Response:
     state = state_of(request)
     name = request.match_info["file"]
     overwrite, full_info = _write_options(request)
-    try:
-        path = _user_path(state, name)
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    path = _user_path(state, name)
     if path.exists() and not overwrite:
         return json_error(409, f"user data file {name[:200]!r} already exists", error_type="conflict")
     if path.is_dir():
@@ -627,10 +615,7 @@ async def delete_userdata(request: web.Request) -> web.Response:
     """Delete a user data file."""
     state = state_of(request)
     name = request.match_info["file"]
-    try:
-        path = _user_path(state, name)
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    path = _user_path(state, name)
     if not path.is_file():
         return _bad(f"no user data file {name[:200]!r}", 404)
     path.unlink()
@@ -643,10 +628,7 @@ async def move_userdata(request: web.Request) -> web.Response:
     state = state_of(request)
     source_name, dest_name = request.match_info["file"], request.match_info["dest"]
     overwrite, full_info = _write_options(request)
-    try:
-        source, dest = _user_path(state, source_name), _user_path(state, dest_name)
-    except UnsafePathError as exc:
-        return _bad(str(exc)[:300])
+    source, dest = _user_path(state, source_name), _user_path(state, dest_name)
     if not source.is_file():
         return _bad(f"no user data file {source_name[:200]!r}", 404)
     if dest.exists() and not overwrite:
