@@ -9,7 +9,10 @@ Architectures (detected by keys, optionally under a prefix such as `model.diffus
 - h3_transformer: `video_patch_proj.weight` + `audio_patch_proj.weight`
 - h3_video_vae: `encoder.conv_in.weight` + `decoder.x_embedder.weight`
 - h3_audio_vae: `pre_block.attn.qkv.weight` + `decoder.conv_pre.weight`
-- h3_text_encoder: `embed_tokens.weight` + `layers.0.attn.qkv_proj.weight`
+- h3_text_encoder: `embed_tokens.weight` + `layers.0.attn.qkv_proj.weight` (Weft's small stand-in encoder)
+- qwen3vl: `visual.deepstack_merger_list.0.norm.weight` + `model.layers.0.self_attn.q_proj.weight` (the
+  Qwen3-VL encoder H3 is conditioned on; Hugging Face's `model.language_model.` / `model.visual.` names are
+  read as `model.` / `visual.`)
 """
 from __future__ import annotations
 
@@ -36,10 +39,13 @@ ARCHITECTURES = {
     "h3_video_vae": ("encoder.conv_in.weight", "decoder.x_embedder.weight"),
     "h3_audio_vae": ("pre_block.attn.qkv.weight", "decoder.conv_pre.weight"),
     "h3_text_encoder": ("embed_tokens.weight", "layers.0.attn.qkv_proj.weight"),
+    "qwen3vl": ("visual.deepstack_merger_list.0.norm.weight", "model.layers.0.self_attn.q_proj.weight"),
 }
+# Architectures whose config recovery also reads the file's metadata (what shapes cannot say).
+CONFIG_READS_METADATA = ("qwen3vl",)
 SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 video VAE, H3 audio VAE, "
-                  "H3 text encoder; as .safetensors in float32, float16, bfloat16, unscaled float8, or with layers "
-                  "quantized in ComfyUI's formats (int8_tensorwise with or without convrot, nvfp4, float8 with "
+                  "H3 text encoder, Qwen3-VL text encoder; as .safetensors in float32, float16, bfloat16, unscaled "
+                  "float8, or with layers quantized in ComfyUI's formats (int8_tensorwise with or without convrot, nvfp4, float8 with "
                   "scales, mxfp8)")
 # Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
 IGNORED_KEYS = {
@@ -206,13 +212,20 @@ def _stores_weight(tensors: dict, key: str) -> bool:
     return layer is not None and any(layer + direction in tensors for _, direction in WEIGHT_NORM_SPELLINGS)
 
 
+def canonical_keys(keys) -> dict[str, str]:
+    """{key under the name Weft's models use: key in the file}; only other spellings of a family's keys differ."""
+    from models.text.qwen3vl import released_key
+    return {released_key(key): key for key in keys}
+
+
 def detect(header: Header) -> tuple[str, str]:
     """(architecture, key prefix) of a checkpoint, recognised by its marker keys; ValueError when unknown."""
+    names = canonical_keys(header.tensors)
     for kind, (first, second) in ARCHITECTURES.items():
-        for key in header.tensors:
+        for key in names:
             if key.endswith(first):
                 prefix = key[:-len(first)]
-                if _stores_weight(header.tensors, prefix + second) and (not prefix or prefix.endswith(".")):
+                if _stores_weight(names, prefix + second) and (not prefix or prefix.endswith(".")):
                     return kind, prefix
     sample = ", ".join(sorted(header.tensors)[:6]) or "no tensors"
     raise ValueError(f"{os.path.basename(header.path)}: unknown architecture (first keys: {sample}); "
@@ -345,12 +358,25 @@ def _builders():
     from models.h3.text_encoder import TextEncoder
     from models.h3.transformer import H3Transformer
     from models.h3.video_vae import VideoVAE
+    from models.text.qwen3vl import Qwen3VL, config_from_shapes
     return {
         "h3_transformer": (transformer_config, H3Transformer),
         "h3_video_vae": (video_vae_config, VideoVAE),
         "h3_audio_vae": (audio_vae_config, AudioVAE),
         "h3_text_encoder": (text_encoder_config, TextEncoder),
+        "qwen3vl": (config_from_shapes, Qwen3VL),
     }
+
+
+def _unused_key(kind: str, key: str, config: object) -> bool:
+    """True for a tensor the file may carry that the model built from `config` does not use."""
+    ignored = IGNORED_KEYS.get(kind)
+    if ignored is not None and ignored.match(key):
+        return True
+    if kind == "qwen3vl":
+        from models.text.qwen3vl import unused_key
+        return unused_key(key, config)
+    return False
 
 
 # Loading -----------------------------------------------------------------------------------------
@@ -389,9 +415,14 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
         if kind not in allowed:
             raise ValueError(f"{name} is a {kind.replace('_', ' ')} checkpoint, but a {' or '.join(a.replace('_', ' ') for a in allowed)} "
                              "is needed here")
-    file_keys = {k[len(prefix):]: k for k in header.tensors if k.startswith(prefix)}
+    names = canonical_keys(header.tensors)
+    file_keys = {k[len(prefix):]: v for k, v in names.items() if k.startswith(prefix)}
     with safe_open(header.path, framework="pt", device="cpu") as f:
         plan = read_plan(list(header.tensors), prefix, header.metadata, f.get_tensor, name)
+    # Quantized layers named in another spelling go by the model's names too.
+    respelled = {layer: next(iter(canonical_keys([prefix + layer])))[len(prefix):] for layer in plan.layers}
+    plan.layers = {respelled[layer]: quant for layer, quant in plan.layers.items()}
+    plan.sources = {respelled[layer]: sources for layer, sources in plan.sources.items()}
     # Quantized layers' codes and scales are checked against their format (models/quant/layers.py);
     # their markers are read, not loaded; the legacy scale names are read under the current ones.
     stored_keys = {key for sources in plan.sources.values() for key in sources.values()}
@@ -406,7 +437,10 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     shapes.update({f"{layer}.weight": dense_shape(quant.format, shapes[f"{layer}.weight"])
                    for layer, quant in plan.layers.items()})
     config_fn, cls = _builders()[kind]
-    config = config_fn(shapes)
+    config = config_fn(shapes, header.metadata) if kind in CONFIG_READS_METADATA else config_fn(shapes)
+    for layer in [layer for layer in plan.layers if _unused_key(kind, f"{layer}.weight", config)]:
+        del plan.layers[layer], plan.sources[layer]
+    file_keys = {k: v for k, v in file_keys.items() if not _unused_key(kind, k, config)}
 
     with torch.device("meta"):
         model = cls(config)
@@ -418,8 +452,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
         quantize_modules(model, plan, {v: header.tensors[v].shape for v in stored_keys},
                          {v: header.tensors[v].dtype for v in stored_keys}, dtype, name)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    ignored = IGNORED_KEYS.get(kind)
-    unexpected = [k for k in list(file_keys) + list(folded) if k not in expected and not (ignored and ignored.match(k))]
+    unexpected = [k for k in list(file_keys) + list(folded) if k not in expected and not _unused_key(kind, k, config)]
     missing = [k for k in expected if k not in file_keys and k not in folded]
     if missing:
         raise ValueError(f"{name}: {kind} checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:5])}"
