@@ -51,6 +51,10 @@ VIDEO_VAE_INT8 = "minimax_h3_video_vae_int8_convrot.safetensors"
 VIDEO_VAE_FP16 = "minimax_h3_video_vae_fp16.safetensors"
 AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
 TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
+QWEN3VL_SEED = 2004
+# The released encoder's nvfp4 layers, and those of them that carry an AWQ pre_quant_scale.
+QWEN3VL_NVFP4_LAYERS = r"model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+QWEN3VL_AWQ_LAYERS = (".self_attn.o_proj.weight", ".mlp.down_proj.weight")
 LORA_TARGETS = r"blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
 
 
@@ -146,6 +150,45 @@ def text_encoder_bytes() -> bytes:
     """Weft's tiny text encoder file (stands in for the released Qwen3-VL encoder until that loads)."""
     from models.h3.make_tiny import _tiny_file_bytes
     return _tiny_file_bytes("text_encoder")
+
+
+def build_tiny_qwen3vl(seed: int = QWEN3VL_SEED):
+    """The tiny Qwen3-VL (models/text/qwen3vl.py TINY_CONFIG) with deterministic random float32 weights."""
+    from models.text.qwen3vl import TINY_CONFIG, Qwen3VL
+    model = Qwen3VL(TINY_CONFIG)
+    _init_weights(model, seed)
+    return model.eval().requires_grad_(False)
+
+
+def released_qwen3vl_tensors(state: dict[str, torch.Tensor], seed: int = QWEN3VL_SEED) -> dict[str, torch.Tensor]:
+    """A float Qwen3-VL state dict (released key names) stored as the released encoder file stores its model.
+
+    The language model's linears become nvfp4 (full-precision products); o_proj and down_proj carry an
+    AWQ `pre_quant_scale` (bfloat16, one per input column), the stored weight being W / scale so that the
+    layer still computes x @ W^T. The token table becomes int8_tensorwise (per-row scales, no rotation);
+    the final norm is dropped; norms and the whole vision tower are bfloat16.
+    """
+    gen = torch.Generator("cpu").manual_seed(seed)
+    floats = {k: v.detach().float().contiguous() for k, v in state.items() if k != "model.norm.weight"}
+    awq_scales = {}
+    for key in sorted(floats):
+        if key.endswith(QWEN3VL_AWQ_LAYERS):
+            scale = torch.exp(0.25 * torch.randn(floats[key].shape[1], generator=gen)).to(torch.bfloat16)
+            floats[key] = floats[key] / scale.float()
+            awq_scales[key.removesuffix("weight") + "pre_quant_scale"] = scale
+    tensors, _ = quantize_state_dict(floats, QWEN3VL_NVFP4_LAYERS, "nvfp4", full_precision=True)
+    tensors, _ = quantize_state_dict(tensors, ["model.embed_tokens"], "int8_tensorwise")
+    out = {k: v.to(torch.bfloat16) if k in floats and v.dtype == torch.float32 else v for k, v in tensors.items()}
+    return {**out, **awq_scales}
+
+
+def qwen3vl_bytes(seed: int = QWEN3VL_SEED) -> bytes:
+    """The tiny Qwen3-VL in the released encoder's format (see released_qwen3vl_tensors)."""
+    from models.text.qwen3vl import DEEPSTACK_METADATA
+    model = build_tiny_qwen3vl(seed)
+    metadata = {**_metadata("qwen3vl", model.config, "nvfp4 awq"),
+                DEEPSTACK_METADATA: json.dumps(list(model.config.vision.deepstack_layers))}
+    return save_safetensors(released_qwen3vl_tensors(model.state_dict(), seed), metadata=metadata)
 
 
 def write_released(models_dir: str | Path) -> dict[str, Path]:

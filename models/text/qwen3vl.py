@@ -108,11 +108,12 @@ class Qwen3VLConfig:
     vision: Qwen3VLVisionConfig = field(default_factory=Qwen3VLVisionConfig)
 
 
+# 48 wide: the tiny H3 transformer's text width. Vision heads stay 16 (4 wide each), as in the released towers.
 TINY_CONFIG = Qwen3VLConfig(
-    hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+    hidden_size=48, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
     mrope_section=default_mrope_section(16),
     vision=Qwen3VLVisionConfig(depth=3, hidden_size=64, intermediate_size=96, num_position_embeddings=64,
-                               out_hidden_size=64, deepstack_layers=(0, 1)))
+                               out_hidden_size=48, deepstack_layers=(0, 1)))
 
 
 @dataclass
@@ -463,7 +464,7 @@ class Qwen3VL(nn.Module):
         self.model.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
         self.visual = VisionTower(cfg.vision)
 
-    def _vision_tokens(self, input_ids: torch.Tensor, visuals: Sequence[VisualInput | tuple], device: torch.device
+    def _vision_tokens(self, input_ids: torch.Tensor, visuals: Sequence[VisualInput | tuple]
                        ) -> tuple[list[tuple[int, int]], dict[int, torch.Tensor], list[dict[int, torch.Tensor]]]:
         """Merged (h, w) of each vision block, and the tokens (and deepstack tokens) of each pad position."""
         runs = pad_runs(input_ids)
@@ -509,7 +510,7 @@ class Qwen3VL(nn.Module):
             raise ValueError(f"token id {int(ids.max())} is outside this encoder's vocabulary of {cfg.vocab_size}")
         device = compute_device(self)
         with torch.no_grad():
-            grids, tokens, deep = self._vision_tokens(ids, visuals, device)
+            grids, tokens, deep = self._vision_tokens(ids, visuals)
             x = self.model.embed_tokens(ids.to(device), dtype=torch.float32)  # (L, hidden)
             deep_rows = []
             if tokens:
