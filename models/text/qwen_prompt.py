@@ -76,7 +76,7 @@ class VisualKind(Enum):
 class VisualItem:
     """One image or video ready for the vision tower."""
     kind: VisualKind
-    pixel_values: torch.Tensor      # (t * h * w, 3 * 2 * 16 * 16) float32, in the vision tower's patch order
+    patches: torch.Tensor           # (t * h * w, 3 * 2 * 16 * 16) float32, in the vision tower's patch order
     grid_thw: tuple[int, int, int]  # temporal patches, patch rows, patch columns
 
     @property
@@ -109,7 +109,7 @@ class EncoderPrompt:
                                            (VisualKind.VIDEO, "pixel_values_videos", "video_grid_thw")):
             items = [item for item in self.visual_items if item.kind is kind]
             if items:
-                inputs[pixels_key] = torch.cat([item.pixel_values for item in items])
+                inputs[pixels_key] = torch.cat([item.patches for item in items])
                 inputs[grid_key] = torch.tensor([item.grid_thw for item in items], dtype=torch.int64)
         return inputs
 

@@ -123,9 +123,9 @@ def test_image_patches_equal_transformers_image_processor(height, width):
         images=[rgb], return_tensors="pt")
     ours = qp.preprocess_image(torch.from_numpy(rgb).float() / 255.0)
     assert ours.grid_thw == tuple(reference["image_grid_thw"][0].tolist())
-    assert ours.pixel_values.dtype == torch.float32
-    torch.testing.assert_close(ours.pixel_values, reference["pixel_values"].float(), atol=1e-6, rtol=0)
-    assert torch.equal(qp.preprocess_image(torch.from_numpy(rgb)).pixel_values, ours.pixel_values)
+    assert ours.patches.dtype == torch.float32
+    torch.testing.assert_close(ours.patches, reference["pixel_values"].float(), atol=1e-6, rtol=0)
+    assert torch.equal(qp.preprocess_image(torch.from_numpy(rgb)).patches, ours.patches)
 
 
 @pytest.mark.parametrize("frame_count", [4, 5])
@@ -136,13 +136,13 @@ def test_video_patches_equal_transformers_video_patchify(frame_count):
     patches, grid_t, grid_h, grid_w = Qwen3VLVideoProcessor().patchify(
         normalised, patch_size=16, merge_size=2, temporal_patch_size=2)
     assert ours.grid_thw == (grid_t, grid_h, grid_w) == ((frame_count + 1) // 2, 4, 6)
-    torch.testing.assert_close(ours.pixel_values, patches[0], atol=0, rtol=0)
+    torch.testing.assert_close(ours.patches, patches[0], atol=0, rtol=0)
 
 
 def test_image_patches_equal_video_patches_of_the_image_twice():
     image = _image(96, 64)
-    torch.testing.assert_close(qp.preprocess_image(image).pixel_values,
-                               qp.preprocess_video(torch.stack([image, image])).pixel_values, atol=0, rtol=0)
+    torch.testing.assert_close(qp.preprocess_image(image).patches,
+                               qp.preprocess_video(torch.stack([image, image])).patches, atol=0, rtol=0)
 
 
 def test_fit_to_patch_grid_equals_transformers_smart_resize():
@@ -161,11 +161,11 @@ def test_off_grid_images_are_resized_bilinearly_onto_the_grid():
     image = torch.full((50, 70, 4), 0.75)  # RGBA, the alpha dropped
     item = qp.preprocess_image(image)
     assert item.grid_thw == (1, 4, 4)  # 50x70 -> 64x64: the nearest multiples of 32 are 64x64
-    torch.testing.assert_close(item.pixel_values, torch.full_like(item.pixel_values, 0.5))
+    torch.testing.assert_close(item.patches, torch.full_like(item.patches, 0.5))
     ramp = torch.linspace(0, 1, 40)[None, :, None].expand(40, 40, 3)
     resized = torch.nn.functional.interpolate(ramp.permute(2, 0, 1)[None], size=(64, 64), mode="bilinear",
                                               align_corners=False)
-    patches = qp.preprocess_image(ramp).pixel_values
+    patches = qp.preprocess_image(ramp).patches
     assert patches.shape == (16, 3 * 2 * 16 * 16)
     # first patch, channel 0, frame 0: the resized ramp's top-left 16x16 corner
     torch.testing.assert_close(patches[0, :256].view(16, 16), (resized[0, 0, :16, :16] - 0.5) / 0.5)
@@ -191,3 +191,23 @@ def test_transformers_inputs_split_images_and_videos(tokenizer):
     assert int((types == 1).sum()) == 6 and int((types == 2).sum()) == 4
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 6]] and inputs["video_grid_thw"].tolist() == [[1, 4, 4]]
     assert inputs["pixel_values"].shape == (24, 1536) and inputs["pixel_values_videos"].shape == (16, 1536)
+
+
+def test_the_encoder_reads_the_laid_out_prompt_and_its_pictures_at_their_blocks(tokenizer):
+    from models.text.qwen3vl import TINY_CONFIG, Qwen3VL
+    torch.manual_seed(0)
+    encoder = Qwen3VL(TINY_CONFIG)
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            parameter.normal_(0, 0.05)
+    video = qp.VideoReference(torch.rand(3, 64, 64, 3, generator=torch.Generator().manual_seed(5)), (0.0, 0.5, 1.0))
+    outputs = []
+    for seed in (1, 2):  # the same layout with a different picture
+        laid_out = qp.build_encoder_prompt(tokenizer, "a fox", [qp.ImageReference(_image(64, 96, seed)), video])
+        encoded = encoder.encode(laid_out.input_ids, laid_out.visual_items)
+        assert torch.equal(encoded.tags, laid_out.token_tags)
+        outputs.append(encoded.hidden)
+    first_pad = laid_out.input_ids.tolist().index(IMAGE_PAD)
+    # causal: rows before the picture's pads are untouched by the picture, its pad rows are not
+    torch.testing.assert_close(outputs[0][:first_pad], outputs[1][:first_pad], atol=0, rtol=0)
+    assert not torch.allclose(outputs[0][first_pad], outputs[1][first_pad])
