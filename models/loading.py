@@ -287,7 +287,7 @@ def transformer_config(shapes: dict[str, tuple]):
         refiner_layers=_count(shapes, r"token_refiner\.blocks\.(\d+)\."), num_heads=inner // head_dim,
         head_dim=head_dim, ffn_size=ffn, video_channels=patch_dim // 4, audio_channels=audio_ch, text_dim=text_dim,
         time_freq_dim=t_freq, time_hidden_size=t_hidden, time_embed_dim=t_embed, rope_freqs_per_axis=rope_n,
-        adaln_curve_points=curve)
+        adaln_curve_points=curve, gate_compress="blocks.0.attn.to_gate_compress.weight" in shapes)
 
 
 def video_vae_config(shapes: dict[str, tuple]):

@@ -33,6 +33,13 @@ PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
 
 # The patch set of the model handle whose forward is running.
 _active: contextvars.ContextVar[PatchMap | None] = contextvars.ContextVar("weft_active_patches", default=None)
+# The options of the model handle whose forward is running (how it attends, for one).
+_active_options: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("weft_active_options", default={})
+
+
+def active_options() -> dict[str, Any]:
+    """The options of the model handle whose forward is running (empty outside any handle's `active()`); read-only."""
+    return _active_options.get()
 
 
 @contextlib.contextmanager
@@ -157,8 +164,12 @@ class ModelHandle:
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:
         """Activate this handle's patches for weights taken inside the block; yields the module to run."""
-        with patches_active(self._patch_map):
-            yield self.model
+        token = _active_options.set(self.options)
+        try:
+            with patches_active(self._patch_map):
+                yield self.model
+        finally:
+            _active_options.reset(token)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model's forward with this handle's patches active."""

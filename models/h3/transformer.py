@@ -23,6 +23,7 @@ from kernels.prologues import Prologue
 from models import ops
 from models.h3 import packing
 from models.h3.packing import SegmentRole as Role
+from models.h3 import sparse_attention
 from models.h3.layers import attention, rope_split_half
 from models.ops import input_dtype
 
@@ -45,6 +46,7 @@ class H3TransformerConfig:
     time_embed_dim: int = 2688           # time_embedder output, input of every adaln_proj
     rope_freqs_per_axis: int = 16        # rotary pairs per axis (t, h, w): 3 * 16 * 2 = 96 of 128 dims rotated
     adaln_curve_points: int | None = None  # curve-form checkpoints: rows of adaln_t_table (no time_embedder)
+    gate_compress: bool = False          # FastH3 checkpoints: each block's attn.to_gate_compress (VSA's coarse gate)
     norm_eps: float = 1e-5
     qk_norm_eps: float = 1e-5
     final_norm_eps: float = 1e-5
@@ -103,25 +105,48 @@ class RotarySelfAttention(nn.Module):
     """Self-attention with one fused q/k/v projection, RMS-normalised q and k per head, and rotary positions
     on the leading dims of each head."""
 
-    def __init__(self, width: int, heads: int, head_dim: int, qk_eps: float):
+    def __init__(self, width: int, heads: int, head_dim: int, qk_eps: float, *, gate_compress: bool = False):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
         self.qkv_proj = ops.Linear(width, 3 * heads * head_dim, bias=False)
         self.q_norm = _rms_norm(head_dim, qk_eps)
         self.k_norm = _rms_norm(head_dim, qk_eps)
         self.out_proj = ops.Linear(heads * head_dim, width, bias=False)
+        # FastH3's gate of VSA's coarse branch; dense attention does not use it.
+        self.to_gate_compress = ops.Linear(width, heads * head_dim, bias=False) if gate_compress else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None,
+                sparse: sparse_attention.SparseCall | None = None) -> torch.Tensor:
         rows = x.shape[0]
         # The fused projection's output features are ordered (q|k|v, head, dim).
         q, k, v = self.qkv_proj(x).view(rows, 3, self.heads, self.head_dim).unbind(1)  # each (S, heads, dim)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rope_split_half(q, *rope), rope_split_half(k, *rope)
-        by_head = [part.transpose(0, 1)[None] for part in (q, k, v)]  # (1, heads, S, dim)
-        mixed = attention(*by_head)[0].transpose(0, 1).reshape(rows, self.heads * self.head_dim)
-        return self.out_proj(mixed, residual=residual)
+        if sparse is not None:
+            gate = None
+            if sparse.plan is not None and self.to_gate_compress is not None:
+                gate = self.to_gate_compress(x).view(rows, self.heads, self.head_dim)
+            mixed = sparse.attend(q, k, v, gate).reshape(rows, self.heads * self.head_dim)
+        else:
+            by_head = [part.transpose(0, 1)[None] for part in (q, k, v)]  # (1, heads, S, dim)
+            mixed = _dense_attention(*by_head)[0].transpose(0, 1).reshape(rows, self.heads * self.head_dim)
+        return self.out_proj(mixed.to(v.dtype), residual=residual)
+
+
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention with the dense backend the running MODEL handle chose (ModelAttentionBackend)."""
+    from models.patcher import active_options
+
+    if active_options().get("attention_backend") == "int8":
+        score_bytes = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * 4
+        if score_bytes <= sparse_attention.INT8_MAX_SCORE_BYTES:
+            from kernels.attention import attention as kernel_attention
+            return kernel_attention(q, k, v, int8_qk=True)
+        sparse_attention.warn_once(
+            f"int8 attention would hold a {score_bytes / 2**30:.1f} GiB score matrix; using PyTorch attention instead")
+    return attention(q, k, v)
 
 
 class SwiGLU(nn.Module):
@@ -229,16 +254,18 @@ class JointLayer(nn.Module):
         super().__init__()
         self.norm1 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
         self.norm2 = _rms_norm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = RotarySelfAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps)
+        self.attn = RotarySelfAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.qk_norm_eps,
+                                        gate_compress=cfg.gate_compress)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.ffn_size)
         # Curve-form checkpoints store the modulation input already activated.
         self.adaln_proj = Modulation(cfg.time_embed_dim, cfg.hidden_size, parts=6, tags=3,
                                      silu_input=cfg.adaln_curve_points is None)
 
     def forward(self, x: torch.Tensor, t_emb: torch.Tensor, rows: RowModulation,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor],
+                sparse: sparse_attention.SparseCall | None = None) -> torch.Tensor:
         tables = self.adaln_proj(t_emb)  # attention's shift, scale, gate, then the SwiGLU's
-        x = _modulated_residual(x, rows, self.norm1, lambda h: self.attn(h, rope), *tables[:3])
+        x = _modulated_residual(x, rows, self.norm1, lambda h: self.attn(h, rope, sparse=sparse), *tables[:3])
         return _modulated_residual(x, rows, self.norm2, self.mlp, *tables[3:])
 
 
@@ -396,8 +423,11 @@ class H3Transformer(nn.Module):
                 x[seg.start:seg.stop] = self._proj(self.audio_patch_proj, rows).to(dtype)
 
         rope = self.rope_tables(layout.positions, device)
-        for block in self.blocks:
-            x = block(x, t_emb, mod, rope)
+        from models.patcher import active_options
+        sparse = sparse_attention.sparse_call(active_options().get("sparse_attention"), layout, sigma_v,
+                                              (lt, lh, lw), has_gate=cfg.gate_compress, device=device)
+        for index, block in enumerate(self.blocks):
+            x = block(x, t_emb, mod, rope, sparse if sparse is not None and sparse.applies(index) else None)
 
         vs, as_ = layout.segment(Role.VIDEO), layout.segment(Role.AUDIO)
         v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), Role.VIDEO)
