@@ -243,6 +243,25 @@ def first_last_frame_prompt(tokenizer: QwenTokenizer, prompt: str, images: Seque
     return build_encoder_prompt(tokenizer, prompt, [ImageReference(image) for image in images])
 
 
+def reference_to_video_prompt(tokenizer: QwenTokenizer, prompt: str, *, images: Sequence[torch.Tensor] = (),
+                              videos: Sequence[torch.Tensor] = (), video_has_sound: Sequence[bool] = (),
+                              standalone_audio_count: int = 0, video_fps: float = 24.0) -> EncoderPrompt:
+    """The reference-to-video layout in H3's order: the images, then each video (its soundtrack's
+    `<Audio j>` label just before its `<Video k>`, its frames taken at 2 fps from `video_fps`), then the
+    standalone sounds' labels, then the prompt."""
+    if len(video_has_sound) not in (0, len(videos)):
+        raise ValueError(f"video_has_sound has {len(video_has_sound)} entries for {len(videos)} videos")
+    if standalone_audio_count < 0:
+        raise ValueError(f"standalone_audio_count must not be negative, got {standalone_audio_count}")
+    references: list[Reference] = [ImageReference(image) for image in images]
+    for index, frames in enumerate(videos):
+        if video_has_sound and video_has_sound[index]:
+            references.append(AudioReference())
+        references.append(VideoReference.sampled(frames, video_fps))
+    references += [AudioReference() for _ in range(standalone_audio_count)]
+    return build_encoder_prompt(tokenizer, prompt, references)
+
+
 class _PromptBuilder:
     """Accumulates token ids, tags and visual items; text pieces are tokenized one at a time."""
 

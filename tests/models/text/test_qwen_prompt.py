@@ -211,3 +211,22 @@ def test_the_encoder_reads_the_laid_out_prompt_and_its_pictures_at_their_blocks(
     # causal: rows before the picture's pads are untouched by the picture, its pad rows are not
     torch.testing.assert_close(outputs[0][:first_pad], outputs[1][:first_pad], atol=0, rtol=0)
     assert not torch.allclose(outputs[0][first_pad], outputs[1][first_pad])
+
+
+def test_reference_to_video_orders_images_videos_with_their_sound_then_sounds(tokenizer):
+    images = [_image(64, 64, 1), _image(64, 64, 2)]
+    videos = [torch.rand(29, 64, 64, 3), torch.rand(13, 64, 64, 3)]  # 3 and 2 frames at 2 fps
+    laid_out = qp.reference_to_video_prompt(tokenizer, "p", images=images, videos=videos,
+                                            video_has_sound=[False, True], standalone_audio_count=1)
+    expected = qp.build_encoder_prompt(tokenizer, "p", [
+        qp.ImageReference(images[0]), qp.ImageReference(images[1]),
+        qp.VideoReference.sampled(videos[0], 24), qp.AudioReference(), qp.VideoReference.sampled(videos[1], 24),
+        qp.AudioReference()])
+    assert laid_out.input_ids.tolist() == expected.input_ids.tolist()
+    text = tokenizer.decode(laid_out.input_ids.tolist())
+    labels = ["<Picture 1>: ", "<Picture 2>: ", "<Video 1>: ", "<Audio 1>: ", "<Video 2>: ", "<Audio 2>: "]
+    positions = [text.index(label) for label in labels]
+    assert positions == sorted(positions)
+    assert [item.grid_thw[0] for item in laid_out.visual_items] == [1, 1, 2, 1]
+    with pytest.raises(ValueError, match="1 entries for 2 videos"):
+        qp.reference_to_video_prompt(tokenizer, "p", videos=videos, video_has_sound=[True])
