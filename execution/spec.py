@@ -45,6 +45,7 @@ UI_OPTION_KEYS = frozenset(
         "video_upload", "audio_upload", "control_after_generate", "label_on", "label_off", "advanced",
         "rawLink", "remote", "multiselect", "options", "socketless", "widgetType", "hidden",
         "allow_batch", "upload", "directory", "extra_dict", "template", "precision", "animated_image_upload",
+        "display_name", "chip", "file_upload",
     }
 )
 
@@ -170,6 +171,7 @@ class NodeSpec:
     search_aliases: Sequence[str] = ()
     has_intermediate_output: bool = False
     dev_only: bool = False  # an engine-internal node: the editor lists it only in developer mode
+    essentials_category: str | None = None  # where the editor's Essentials tab lists the node, if it does
     # Names of inputs the validate_inputs hook takes whole (no per-value check), as ComfyUI does.
     validate_takes: frozenset[str] = frozenset()
 

@@ -13,7 +13,8 @@ def _fail(node_id: str, field: str, message: str) -> None:
     raise NodeDefinitionError(f"node '{node_id}': {field}: {message}")
 
 
-def _input_spec(node_id: str, name: str, kind: str, declaration: Any) -> InputSpec:
+def input_from_declaration(node_id: str, name: str, kind: str, declaration: Any) -> InputSpec:
+    """One input from its classic declaration `(TYPE or [choices], {options})` (hidden: the value name)."""
     if kind == "hidden":
         value = declaration[0] if isinstance(declaration, (list, tuple)) else declaration
         if value not in HIDDEN_VALUES:
@@ -56,7 +57,7 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         if not isinstance(section, dict):
             _fail(node_id, f"INPUT_TYPES[{kind!r}]", "must be a dict")
         for name, declaration in section.items():
-            inputs.append(_input_spec(node_id, name, kind, declaration))
+            inputs.append(input_from_declaration(node_id, name, kind, declaration))
 
     return_types = tuple(getattr(cls, "RETURN_TYPES", ()))
     names = tuple(getattr(cls, "RETURN_NAMES", None) or return_types)
@@ -152,11 +153,18 @@ def _accepted_kwargs(fn, kwargs: dict) -> dict:
 
 def specs_from_mappings(class_mappings: dict, display_names: dict | None = None, *,
                         python_module: str) -> list[NodeSpec]:
-    """NodeSpecs for a plugin's NODE_CLASS_MAPPINGS (and NODE_DISPLAY_NAME_MAPPINGS)."""
+    """NodeSpecs for a plugin's NODE_CLASS_MAPPINGS (and NODE_DISPLAY_NAME_MAPPINGS); V3 classes included."""
     if not isinstance(class_mappings, dict):
         raise NodeDefinitionError(f"{python_module}: NODE_CLASS_MAPPINGS must be a dict")
+    from nodes.v3 import is_v3_node, spec_from_v3_class  # nodes.v3 reads this module's input helper
+
     display_names = display_names or {}
-    return [
-        spec_from_class(str(node_id), cls, python_module=python_module, display_name=display_names.get(node_id))
-        for node_id, cls in class_mappings.items()
-    ]
+    specs = []
+    for node_id, cls in class_mappings.items():
+        node_id, display_name = str(node_id), display_names.get(node_id)
+        if is_v3_node(cls):  # ComfyUI accepts a V3 class in the mappings too; the key is its id
+            specs.append(spec_from_v3_class(cls, node_id=node_id, python_module=python_module,
+                                            display_name=display_name))
+        else:
+            specs.append(spec_from_class(node_id, cls, python_module=python_module, display_name=display_name))
+    return specs

@@ -7,7 +7,9 @@ own top-level modules or another importable module: then only the alias is refus
 It may expose:
 
 - `NODE_CLASS_MAPPINGS` (with optional `NODE_DISPLAY_NAME_MAPPINGS`): classic ComfyUI node classes,
-  adapted into NodeSpecs by `nodes.classic.specs_from_mappings`;
+  adapted into NodeSpecs by `nodes.classic.specs_from_mappings` (a V3 class there by `nodes/v3.py`);
+- `comfy_entrypoint()`, read only when there are no mappings (as ComfyUI does): ComfyUI's V3
+  extension, whose `get_node_list()` classes `nodes/v3.py` adapts;
 - `weft_nodes()`: an entry function taking no arguments and returning a list of `NodeSpec`
   (Weft's own declaration, the same data built-in packs use; import Weft inside the function so the
   pack still imports in ComfyUI, which ignores it);
@@ -20,8 +22,9 @@ while its nodes are declared, a node refused by the registry's checks, or a node
 taken (unless overriding is allowed) skips the whole plugin with one log line naming it and the
 reason, and start-up continues. Each plugin's import time is measured. While plugins import and run,
 `nodes/compat/` is on `sys.path`, providing the few ComfyUI helper modules simple packs use
-(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`); any other ComfyUI module
-is absent, so a pack importing it fails with that module named.
+(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`) and the V3 node API
+(`comfy_api.latest` and its version names); any other ComfyUI module is absent, so a pack importing
+it fails with that module named.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from urllib.parse import quote
 
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
+from nodes.v3 import specs_from_entrypoint
 from nodes.registry import NodeRegistry
 from execution.spec import NodeDefinitionError, NodeSpec
 
@@ -48,8 +52,9 @@ logger = logging.getLogger(__name__)
 
 PACKAGE = "custom_nodes"  # the parent module name every plugin is imported under
 ENTRY_FUNCTION = "weft_nodes"
+V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
-COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers")
+COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers", "comfy_api")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
 WEFT_ROOT = Path(__file__).resolve().parents[1]
@@ -273,6 +278,14 @@ def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path
             raise PluginError(f"node refused: {exc}") from exc
         except Exception as exc:  # a class whose attributes break the adapter in some other way
             raise PluginError(f"{type(exc).__name__} while declaring nodes: {exc}{_where(exc, plugin_root)}") from exc
+    elif hasattr(module, V3_ENTRY_FUNCTION):
+        try:
+            specs.extend(specs_from_entrypoint(getattr(module, V3_ENTRY_FUNCTION), python_module=module_name))
+        except NodeDefinitionError as exc:
+            raise PluginError(f"node refused: {exc}") from exc
+        except Exception as exc:
+            raise PluginError(f"{V3_ENTRY_FUNCTION}() raised {type(exc).__name__}: {exc}"
+                              f"{_where(exc, plugin_root)}") from exc
     if entry is not None:
         if not callable(entry):
             raise PluginError(f"{ENTRY_FUNCTION} must be a function returning a list of NodeSpec")
@@ -346,11 +359,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         specs = _collect_specs(module, module_name, plugin_root)
         if not specs and web is None:
             hint = ""
-            if hasattr(module, "comfy_entrypoint"):
-                hint = "; it uses ComfyUI's newer comfy_entrypoint() interface, which Weft does not load"
-            elif hasattr(module, "NODES"):
+            if hasattr(module, "NODES"):
                 hint = f"; a NODES list is how built-in packs declare nodes, plugins expose {ENTRY_FUNCTION}()"
-            raise PluginError(f"declares no nodes (no NODE_CLASS_MAPPINGS, no {ENTRY_FUNCTION}()) "
+            raise PluginError(f"declares no nodes (no NODE_CLASS_MAPPINGS, {V3_ENTRY_FUNCTION}() or {ENTRY_FUNCTION}()) "
                               f"and no WEB_DIRECTORY{hint}")
         replaced = [f"node '{s.node_id}' replaces the one from {registry.origin(s.node_id)}"
                     for s in specs if s.node_id in registry]

@@ -47,7 +47,7 @@ def node_info(spec: NodeSpec) -> dict[str, Any]:
         "api_node": False,
         "price_badge": None,
         "search_aliases": list(spec.search_aliases) or None,
-        "essentials_category": None,
+        "essentials_category": spec.essentials_category,
         "has_intermediate_output": spec.has_intermediate_output or None,
     }
 

@@ -54,7 +54,7 @@ BROKEN = {
     "entry_raises": "weft_nodes() raised OSError: model folder unreadable",
     "entry_returns_junk": "weft_nodes() item 0 is a str, not a NodeSpec",
     "declares_nothing": "declares no nodes",
-    "v3_entrypoint_only": "comfy_entrypoint() interface, which Weft does not load",
+    "v3_entrypoint_only": "comfy_entrypoint() returned NoneType, not a comfy_api ComfyExtension",
     "no_init_folder": "folder has no __init__.py",
     "web_dir_escapes": "WEB_DIRECTORY '../../..' is outside the plugin's folder",
 }

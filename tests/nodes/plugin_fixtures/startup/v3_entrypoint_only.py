@@ -1,4 +1,4 @@
-"""Broken: only ComfyUI's newer extension interface, which Weft does not load."""
+"""Broken: a V3 entry point that returns no ComfyExtension."""
 
 
 async def comfy_entrypoint():
