@@ -141,7 +141,8 @@ class VideoReference:
             raise ValueError(f"a reference video needs a positive frame rate, got {fps}")
         count = frames.shape[0]
         sample_count = math.floor((count - 1) / fps * VIDEO_SAMPLE_FPS) + 1
-        indices = [min(count - 1, round(k * fps / VIDEO_SAMPLE_FPS)) for k in range(sample_count)]
+        # the nearest frame to each half second, a tie going to the later frame
+        indices = [min(count - 1, math.floor(k * fps / VIDEO_SAMPLE_FPS + 0.5)) for k in range(sample_count)]
         return cls(frames[indices], tuple(k / VIDEO_SAMPLE_FPS for k in range(sample_count)))
 
 
@@ -206,7 +207,10 @@ def frame_pair_timestamps(timestamps_s: Sequence[float]) -> list[float]:
 
 def build_encoder_prompt(tokenizer: QwenTokenizer, prompt: str,
                          references: Sequence[Reference] = ()) -> EncoderPrompt:
-    """Lay out `references` (in order) then `prompt` as H3 presents them to Qwen3-VL."""
+    """Lay out `references` (in the order given) then `prompt` as H3 presents them to Qwen3-VL.
+
+    The reference-to-video node's order (images, videos with their soundtracks' labels, other sounds)
+    is `reference_to_video_prompt`'s; this function keeps whatever order it is given."""
     builder = _PromptBuilder(tokenizer)
     counts = {ImageReference: 0, AudioReference: 0, VideoReference: 0}
     for position, reference in enumerate(references):

@@ -230,3 +230,10 @@ def test_reference_to_video_orders_images_videos_with_their_sound_then_sounds(to
     assert [item.grid_thw[0] for item in laid_out.visual_items] == [1, 1, 2, 1]
     with pytest.raises(ValueError, match="1 entries for 2 videos"):
         qp.reference_to_video_prompt(tokenizer, "p", videos=videos, video_has_sound=[True])
+
+
+def test_sampling_at_2_fps_takes_the_nearest_frame_ties_going_later():
+    frames = torch.arange(51, dtype=torch.float32)[:, None, None, None].expand(51, 32, 32, 3)
+    reference = qp.VideoReference.sampled(frames, 25)  # half seconds fall on frames 0, 12.5, 25, 37.5, 50
+    assert reference.frames[:, 0, 0, 0].tolist() == [0, 13, 25, 38, 50]
+    assert reference.timestamps_s == (0.0, 0.5, 1.0, 1.5, 2.0)

@@ -3,6 +3,7 @@ transformers' Qwen2Tokenizer on the tiny vocabulary the project trains."""
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 from tokenizers import AddedToken
@@ -70,7 +71,7 @@ def test_matches_transformers_qwen2_tokenizer(tokenizer):
 
 def test_decode_round_trips_and_skips_special_tokens(tokenizer):
     for text in SAMPLES[:3]:
-        assert tokenizer.decode(tokenizer.encode(text)) == __import__("unicodedata").normalize("NFC", text)
+        assert tokenizer.decode(tokenizer.encode(text)) == unicodedata.normalize("NFC", text)
     ids = tokenizer.encode("<|vision_start|>hi<|vision_end|><think>")
     assert tokenizer.decode(ids) == "<|vision_start|>hi<|vision_end|><think>"
     assert tokenizer.decode(ids, skip_special=True) == "hi<think>"  # <think> is not marked special
