@@ -170,3 +170,11 @@ def scale_images(image: torch.Tensor, width: int, height: int, method: str, crop
     if method in ("bicubic", "lanczos"):
         out = out.clamp(0, 1)  # both kernels ring past the input's range; IMAGE stays within 0..1
     return out.movedim(1, -1).contiguous()
+
+
+def scale_batch(batch: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
+    """An IMAGE (B, H, W, C) or a MASK (B, H, W) resized to width x height, as `scale_images` resizes images."""
+    if batch.dim() == 4:
+        return scale_images(batch, width, height, method, crop)
+    planes = scale_images(batch.unsqueeze(-1), width, height, method, crop)
+    return planes.squeeze(-1)

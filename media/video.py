@@ -310,6 +310,68 @@ class VideoConcat(Video):
                                bit_depth=self.bit_depth)
 
 
+class VideoTrim(Video):
+    """A stretch of another video: the frames shown from `start` seconds on, for `duration` seconds (0: to the end).
+
+    A frame belongs to the stretch when its start time lies in [start, start + duration); the sound is cut
+    to the same times. Nothing is decoded until the frames are asked for.
+    """
+
+    def __init__(self, source: Video, start: float, duration: float = 0.0):
+        if start < 0 or duration < 0:
+            raise ValueError(f"a trim's start and duration cannot be negative (got {start} and {duration})")
+        self.source = source
+        self.start = float(start)
+        self.duration = float(duration)
+        rate = source.get_frame_rate()
+        total = source.get_frame_count()
+        self.first = min(total, math.ceil(self.start * rate - 1e-9))
+        stop = total if not self.duration else math.ceil((self.start + self.duration) * rate - 1e-9)
+        self.stop = max(self.first, min(total, stop))
+        if self.stop <= self.first:
+            raise ValueError(f"the video is {source.get_duration():.3f} s long; nothing of it starts at or after "
+                             f"{self.start:g} s")
+        self.bit_depth = source.bit_depth
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.nbytes
+
+    def get_dimensions(self) -> tuple[int, int]:
+        return self.source.get_dimensions()
+
+    def get_frame_rate(self) -> Fraction:
+        return self.source.get_frame_rate()
+
+    def get_frame_count(self) -> int:
+        return self.stop - self.first
+
+    def get_audio(self) -> dict | None:
+        audio = self.source.get_audio()
+        if audio is None:
+            return None
+        rate = int(audio["sample_rate"])
+        seconds_per_frame = 1 / float(self.get_frame_rate())
+        begin = round(self.first * seconds_per_frame * rate)
+        end = round(self.stop * seconds_per_frame * rate)
+        return {**audio, "waveform": audio["waveform"][..., begin:end]}
+
+    def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
+        seen = 0
+        for chunk in self.source.iter_frame_chunks(frames_per_chunk):
+            begin, end = max(self.first - seen, 0), min(self.stop - seen, chunk.shape[0])
+            if begin < end:
+                yield chunk[begin:end]
+            seen += chunk.shape[0]
+            if seen >= self.stop:
+                break
+
+    def get_components(self) -> VideoComponents:
+        images = torch.cat(list(self.iter_frame_chunks(64)), dim=0)
+        return VideoComponents(images=images, audio=self.get_audio(), frame_rate=self.get_frame_rate(),
+                               bit_depth=self.bit_depth)
+
+
 def check_video(node: str, video: Any, name: str = "video") -> Video:
     """`video` when it is a VIDEO; a TypeError naming the node and input otherwise."""
     if not isinstance(video, Video):

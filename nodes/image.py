@@ -15,7 +15,8 @@ import torch
 from execution.context import current
 from execution.paths import atomic_write_bytes
 from media.image import (
-    CROP_METHODS, IMAGE_EXTENSIONS, UPSCALE_METHODS, check_image, encode_png, load_image_file, scale_images,
+    CROP_METHODS, IMAGE_EXTENSIONS, UPSCALE_METHODS, check_image, encode_png, load_image_file, scale_batch,
+    scale_images,
 )
 from nodes import MAX_RESOLUTION
 from nodes.files import file_metadata, output_target, temp_prefix
@@ -91,12 +92,96 @@ def _image_scale_to_total_pixels(image: torch.Tensor, upscale_method: str, megap
     return (scale_images(image, int(width), int(height), upscale_method),)
 
 
+# ResizeImageMaskNode's ways of choosing the new size (ComfyUI's option names).
+RESIZE_TYPES = ("scale dimensions", "scale by multiplier", "scale longer dimension", "scale shorter dimension",
+                "scale width", "scale height", "scale total pixels", "match size", "scale to multiple")
+
+
+def _image_or_mask(node: str, value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor) and value.dim() == 3:
+        return value
+    return check_image(node, value, name)
+
+
+def _proportional(width: int, height: int, new_width: int, new_height: int) -> tuple[int, int]:
+    """(width, height) for a target where a 0 side follows from the other, proportions kept."""
+    if new_width == 0:
+        new_width = max(1, round(width * new_height / height))
+    elif new_height == 0:
+        new_height = max(1, round(height * new_width / width))
+    return new_width, new_height
+
+
+def _side_scaled(width: int, height: int, size: int, longer: bool) -> tuple[int, int]:
+    """The longer (or shorter) side set to `size`, the other in proportion; a square gets size x size."""
+    if width == height:
+        return size, size
+    if (height > width) == longer:
+        return round(width / height * size), size
+    return size, round(height / width * size)
+
+
+def _multiple_cover(batch: torch.Tensor, multiple: int, method: str) -> torch.Tensor:
+    """Sides cut down to multiples of `multiple`: scaled so the target is covered, then the middle kept."""
+    height, width = int(batch.shape[1]), int(batch.shape[2])
+    target_w, target_h = width // multiple * multiple, height // multiple * multiple
+    if multiple <= 1 or target_w == 0 or target_h == 0 or (target_w, target_h) == (width, height):
+        return batch
+    if target_w / width >= target_h / height:
+        scaled_w, scaled_h = target_w, max(target_h, math.ceil(height * target_w / width))
+    else:
+        scaled_w, scaled_h = max(target_w, math.ceil(width * target_h / height)), target_h
+    scaled = scale_batch(batch, scaled_w, scaled_h, method)
+    top, left = (scaled_h - target_h) // 2, (scaled_w - target_w) // 2
+    return scaled[:, top:top + target_h, left:left + target_w]
+
+
+def _resize_image_mask(input: torch.Tensor, resize_type: dict, scale_method: str = "area") -> tuple[torch.Tensor]:
+    node = "ResizeImageMaskNode"
+    batch = _image_or_mask(node, input, "input")
+    choice = resize_type.get("resize_type")
+    height, width = int(batch.shape[1]), int(batch.shape[2])
+    crop = resize_type.get("crop", "disabled")
+    if choice == "scale dimensions":
+        if resize_type["width"] == 0 and resize_type["height"] == 0:
+            return (batch,)
+        size = _proportional(width, height, int(resize_type["width"]), int(resize_type["height"]))
+    elif choice == "scale by multiplier":
+        size = round(width * resize_type["multiplier"]), round(height * resize_type["multiplier"])
+    elif choice in ("scale longer dimension", "scale shorter dimension"):
+        key = "longer_size" if choice == "scale longer dimension" else "shorter_size"
+        size = _side_scaled(width, height, int(resize_type[key]), longer=key == "longer_size")
+    elif choice == "scale width":
+        size = _proportional(width, height, int(resize_type["width"]), 0)
+    elif choice == "scale height":
+        size = _proportional(width, height, 0, int(resize_type["height"]))
+    elif choice == "scale total pixels":
+        factor = math.sqrt(int(resize_type["megapixels"] * 1024 * 1024) / (width * height))
+        size = round(width * factor), round(height * factor)
+    elif choice == "match size":
+        match = _image_or_mask(node, resize_type.get("match"), "resize_type.match")
+        size = int(match.shape[2]), int(match.shape[1])
+    elif choice == "scale to multiple":
+        return (_multiple_cover(batch, int(resize_type["multiple"]), scale_method),)
+    else:
+        raise ValueError(f"{node}: resize_type {choice!r} is not one of {', '.join(RESIZE_TYPES)}")
+    try:
+        return (scale_batch(batch, size[0], size[1], scale_method, crop),)
+    except ValueError as exc:
+        raise ValueError(f"{node}: {exc}") from None
+
+
 def _get_image_size(image: torch.Tensor, unique_id: Any = None) -> tuple[int, int, int]:
     image = check_image("GetImageSize", image)
     count, height, width = int(image.shape[0]), int(image.shape[1]), int(image.shape[2])
     current().progress(1, 1, text=f"width: {width}, height: {height}\n batch size: {count}")
     return width, height, count
 
+
+_CROP = Input.combo("crop", list(CROP_METHODS), "center",
+                    tooltip="When the new shape differs: 'center' cuts the middle to the new proportions first, "
+                            "'disabled' stretches.")
+_SIDE = dict(min=0, max=MAX_RESOLUTION, step=1)
 
 NODES = [
     NodeSpec(
@@ -184,5 +269,41 @@ NODES = [
         inputs=[Input.link("image", "IMAGE"), Input.hidden("unique_id", "UNIQUE_ID")],
         outputs=[Output("INT", "width"), Output("INT", "height"), Output("INT", "batch_size")],
         search_aliases=("dimensions", "resolution", "image info"),
+    ),
+    NodeSpec(
+        node_id="ResizeImageMaskNode", display_name="Resize Image/Mask", category="transform",
+        python_module="comfy_extras.nodes_post_processing",
+        description="Resizes an image batch or a mask batch; resize_type chooses how the new size is found.",
+        execute=_resize_image_mask,
+        inputs=[
+            Input.match_type("input", "input_type", allowed="IMAGE,MASK", tooltip="Images or masks to resize."),
+            Input.dynamic_combo("resize_type", {
+                "scale dimensions": [
+                    Input.int("width", 512, **_SIDE, tooltip="New width in pixels; 0 follows from the height."),
+                    Input.int("height", 512, **_SIDE, tooltip="New height in pixels; 0 follows from the width."),
+                    _CROP],
+                "scale by multiplier": [Input.float("multiplier", 1.0, min=0.01, max=8.0, step=0.01,
+                                                    tooltip="Factor applied to both sides.")],
+                "scale longer dimension": [Input.int("longer_size", 512, **_SIDE,
+                                                     tooltip="New length of the longer side; proportions kept.")],
+                "scale shorter dimension": [Input.int("shorter_size", 512, **_SIDE,
+                                                      tooltip="New length of the shorter side; proportions kept.")],
+                "scale width": [Input.int("width", 512, **_SIDE, tooltip="New width; the height follows.")],
+                "scale height": [Input.int("height", 512, **_SIDE, tooltip="New height; the width follows.")],
+                "scale total pixels": [Input.float("megapixels", 1.0, min=0.01, max=16.0, step=0.01,
+                                                   tooltip="Pixel budget in millions (1.0 is 1024 x 1024); "
+                                                           "proportions kept.")],
+                "match size": [Input.link("match", "IMAGE,MASK", tooltip="Images or masks whose size to take."),
+                               _CROP],
+                "scale to multiple": [Input.int("multiple", 8, min=1, max=MAX_RESOLUTION, step=1,
+                                                tooltip="Both sides become multiples of this: the picture is "
+                                                        "scaled to cover that size and its middle kept.")],
+            }, tooltip="How the new size is chosen."),
+            Input.combo("scale_method", list(UPSCALE_METHODS), "area",
+                        tooltip="Resampling filter: area suits shrinking, lanczos enlarging, nearest-exact "
+                                "pixel art."),
+        ],
+        outputs=[Output("COMFY_MATCHTYPE_V3", "resized", match_type="input_type")],
+        search_aliases=("resize", "resize image", "resize mask", "scale image", "scale mask"),
     ),
 ]

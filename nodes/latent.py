@@ -67,7 +67,7 @@ def check_latent(node: str, latent: Any, *, need: tuple[str, ...] = ("samples",)
     for key in need:
         value = latent.get(key)
         if not isinstance(value, torch.Tensor):
-            what = {"samples": "a video stream ('samples')", "audio_samples": "an audio stream ('audio_samples')"}
+            what = {"samples": "video stream ('samples')", "audio_samples": "audio stream ('audio_samples')"}
             raise ValueError(f"{node}: input '{name}' has no {what.get(key, repr(key))}; it holds "
                              f"{sorted(k for k, v in latent.items() if isinstance(v, torch.Tensor)) or 'no tensors'}")
     return latent
@@ -94,6 +94,18 @@ def _empty_latent_image(width: int, height: int, batch_size: int = 1) -> tuple[d
         return (empty_image_latent(width - width % 16, height - height % 16, batch_size),)
     except ValueError as exc:
         raise ValueError(f"EmptyLatentImage: {exc}") from None
+
+
+def _separate_av_latent(av_latent: dict) -> tuple[dict, dict]:
+    latent = check_latent("LTXVSeparateAVLatent", av_latent, need=("samples", "audio_samples"), name="av_latent")
+    timing = {key: latent[key] for key in ("frame_rate", "length") if latent.get(key) is not None}
+    video = {"samples": latent["samples"], **timing}
+    audio = {"audio_samples": latent["audio_samples"], "type": "audio", **timing}
+    if latent.get("noise_mask") is not None:
+        video["noise_mask"] = latent["noise_mask"]
+    if latent.get("audio_noise_mask") is not None:
+        audio["audio_noise_mask"] = latent["audio_noise_mask"]
+    return video, audio
 
 
 def _save_latent(samples: dict, filename_prefix: str = "latents/ComfyUI", prompt: Any = None,
@@ -170,6 +182,17 @@ NODES = [
                 Input.int("batch_size", 1, min=1, max=4096, tooltip="How many images.")],
         outputs=[Output("LATENT", tooltip="One H3 latent frame per image.")],
         execute=_empty_latent_image,
+    ),
+    NodeSpec(
+        node_id="LTXVSeparateAVLatent", display_name="LTXV Separate AV Latent", category="latent/video/ltxv",
+        python_module="comfy_extras.nodes_lt",
+        description="Splits an audio-video latent into a latent holding only its picture stream and one holding "
+                    "only its sound stream; each keeps its own noise mask.",
+        execute=_separate_av_latent,
+        inputs=[Input.link("av_latent", "LATENT", tooltip="A latent carrying both streams, as the H3 sampler "
+                                                          "gives it.")],
+        outputs=[Output("LATENT", "video_latent", tooltip="The picture stream (and its noise mask)."),
+                 Output("LATENT", "audio_latent", tooltip="The sound stream (and its noise mask).")],
     ),
     NodeSpec(
         node_id="SaveLatent", display_name="Save Latent", category="_for_testing", python_module="nodes",

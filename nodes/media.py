@@ -15,7 +15,7 @@ from media.audio import check_audio, decode_audio, write_flac
 from media.image import check_image
 from media.video import (
     AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, Video, VideoComponents, VideoConcat, VideoFile,
-    as_frame_rate, check_video,
+    VideoTrim, as_frame_rate, check_video,
 )
 from nodes.files import file_metadata, output_target, temp_prefix
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
@@ -75,6 +75,22 @@ def _concatenate_video(videos: dict, codec: Any = "auto", complete_audio: Any = 
         return (VideoConcat(clips, audio=soundtrack, codec=chosen_codec),)
     except ValueError as exc:
         raise ValueError(f"{node}: {exc}") from None
+
+
+def _video_slice(video: Video, start_time: float = 0.0, duration: float = 0.0,
+                 strict_duration: bool = False) -> tuple[Video]:
+    node = "Video Slice"
+    video = check_video(node, video)
+    if start_time == 0 and duration == 0:
+        return (video,)
+    try:
+        trimmed = VideoTrim(video, start_time, duration)
+    except ValueError as exc:
+        raise ValueError(f"{node}: {exc}") from None
+    if strict_duration and duration > 0 and trimmed.get_duration() < duration - 1e-6:
+        raise ValueError(f"{node}: {duration:g} s from {start_time:g} s were asked for with strict_duration on, "
+                         f"but the video has only {trimmed.get_duration():.3f} s there")
+    return (trimmed,)
 
 
 def _load_audio(audio: Path) -> tuple[dict]:
@@ -177,6 +193,25 @@ NODES = [
                                "dropped."),
         ],
         outputs=[Output("VIDEO", tooltip="The clips as one VIDEO.")],
+    ),
+    NodeSpec(
+        node_id="Video Slice", display_name="Video Slice", category="video",
+        python_module="comfy_extras.nodes_video",
+        description="Keeps a stretch of a video, sound included: from start_time for duration seconds. With both "
+                    "at 0 the video passes unchanged.",
+        execute=_video_slice,
+        inputs=[
+            Input.link("video", "VIDEO", tooltip="The VIDEO to cut."),
+            Input.float("start_time", 0.0, min=0.0, max=1e5, step=0.001,
+                        tooltip="Seconds into the video where the stretch begins."),
+            Input.float("duration", 0.0, min=0.0, max=1e5, step=0.001,
+                        tooltip="Seconds to keep; 0 keeps everything from start_time on."),
+            Input.boolean("strict_duration", False,
+                          tooltip="On: a video too short to give the whole duration is an error instead of a "
+                                  "shorter stretch."),
+        ],
+        outputs=[Output("VIDEO")],
+        search_aliases=("trim video", "cut video", "video trim"),
     ),
     NodeSpec(
         node_id="LoadAudio", display_name="Load Audio", category="audio", python_module="comfy_extras.nodes_audio",
