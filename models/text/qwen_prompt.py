@@ -72,7 +72,7 @@ class VisualKind(Enum):
         return IMAGE_PAD_ID if self is VisualKind.IMAGE else VIDEO_PAD_ID
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class VisualItem:
     """One image or video ready for the vision tower."""
     kind: VisualKind
@@ -90,7 +90,7 @@ class VisualItem:
         return self.grid_thw[0] * self.tokens_per_frame_pair
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class EncoderPrompt:
     """A prompt laid out for the Qwen3-VL encoder: token ids, H3's token tags and the visual items."""
     input_ids: torch.Tensor   # (T,) int64
@@ -114,7 +114,7 @@ class EncoderPrompt:
         return inputs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class ImageReference:
     """An image shown to the encoder as `<Picture i>`."""
     image: torch.Tensor  # (H, W, C) or (1, H, W, C), values in [0, 1]
@@ -125,7 +125,7 @@ class AudioReference:
     """A sound named to the encoder as `<Audio j>`; only the label enters the prompt."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class VideoReference:
     """A video shown to the encoder as `<Video k>`: frames already at 2 fps and their times in seconds."""
     frames: torch.Tensor             # (T, H, W, C), values in [0, 1]

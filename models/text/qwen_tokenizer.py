@@ -11,8 +11,8 @@ the table below (a tokenizer of another model family is refused instead of silen
 Ids. `vocab.json` holds the byte-level pieces (151,643 of them, ids 0..151642, in the real file).
 Qwen adds 26 tokens at 151643..151668 and H3's release seven more at 151669..151675. All 33 keep
 these ids whatever vocabulary is loaded: the tiny vocabulary the project trains for its tests
-(`write_tiny_tokenizer`) has a few hundred pieces but the same added ids, so a tiny Qwen3-VL needs an
-embedding table of at least `ADDED_TOKENS[-1].id + 1` rows, like the real one (`EMBEDDING_ROWS`).
+(`write_tiny_tokenizer`) has a few hundred pieces but the same added ids, so a tiny Qwen3-VL keeps the
+real embedding table's row count (151,936, more than the last added id).
 
 Text. There is no weight syntax: parentheses are text, and the escapes `\\(` and `\\)` become `(` and
 `)`. No BOS or EOS is added. An added token written in the text (`<d>`, `<|cutoff|>`) becomes its id.
@@ -76,7 +76,6 @@ VISION_START_ID = _ID_OF["<|vision_start|>"]
 VISION_END_ID = _ID_OF["<|vision_end|>"]
 IMAGE_PAD_ID = _ID_OF["<|image_pad|>"]      # one per merged image patch; the encoder puts vision features there
 VIDEO_PAD_ID = _ID_OF["<|video_pad|>"]      # the same for video frames
-EMBEDDING_ROWS = 151936                     # rows of Qwen3-VL's token embedding (past the last added id)
 
 
 def unescape_prompt(text: str) -> str:
@@ -101,8 +100,12 @@ class QwenTokenizer:
         # them after the largest vocabulary id, which is wrong for any vocabulary but the full one.
         full_vocab = dict(vocab)
         full_vocab.update(_ID_OF)
-        bpe = models.BPE(vocab=full_vocab, merges=merges, dropout=None, unk_token=None, fuse_unk=False,
-                         byte_fallback=False)
+        try:
+            bpe = models.BPE(vocab=full_vocab, merges=merges, dropout=None, unk_token=None, fuse_unk=False,
+                             byte_fallback=False)
+        except Exception as exc:  # the library reports a merge of unknown pieces as a bare Exception
+            raise ValueError(f"{source} and its merges do not belong together ({exc}); take both files from "
+                             f"the same release") from None
         self._tokenizer = _with_qwen_pipeline(Tokenizer(bpe))
         for spec in ADDED_TOKENS:
             token = AddedToken(spec.content, special=spec.special, normalized=False, lstrip=False, rstrip=False,
