@@ -237,8 +237,11 @@ class NodeSpec:
             if "min" in opts and "max" in opts and opts["min"] > opts["max"]:
                 self._fail(f"input '{label}'", f"min {opts['min']} is above max {opts['max']}")
         if spec.type == "COMBO" and "default" in opts and not callable(spec.choices):
-            if spec.choices is not None and opts["default"] not in spec.choice_list():
-                self._fail(f"input '{label}'", f"default {opts['default']!r} is not among its choices")
+            default, choices = opts["default"], spec.choice_list()
+            # A multiselect combo's default is a list of choices.
+            picked = default if opts.get("multiselect") and isinstance(default, list) else [default]
+            if spec.choices is not None and any(item not in choices for item in picked):
+                self._fail(f"input '{label}'", f"default {default!r} is not among its choices")
         if spec.type == DYNAMIC_COMBO:
             if not spec.dynamic_options:
                 self._fail(f"input '{label}'", "dynamic combo has no options")

@@ -4,6 +4,7 @@ classic and V3 shows the same /object_info entry, and unsupported V3 features ar
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 import uuid
 from pathlib import Path
 
@@ -651,3 +652,98 @@ def test_schema_declaration_errors_name_the_node():
         spec_from_v3_class(Twice)
     with pytest.raises(NodeDefinitionError, match="node 'NoSchema': define_schema\\(\\): must return an io.Schema"):
         spec_from_v3_class(NoSchema)
+
+
+# ---------------------------------------------------------------------- results and ui helpers
+class Saves(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Saves", inputs=[io.Image.Input("images"), io.Mask.Input("mask"),
+                                                     io.Audio.Input("audio")], is_output_node=True)
+
+    @classmethod
+    def execute(cls, images, mask, audio):
+        saved = ui.ImageSaveHelper.get_save_images_ui(images, "v3/saved", cls=cls).as_dict()
+        shown = {**saved, **{f"mask_{k}": v for k, v in ui.PreviewMask(mask, cls=cls).as_dict().items()},
+                 **ui.PreviewAudio(audio, cls=cls).as_dict()}
+        return {"ui": shown, "result": ()}  # a classic result dict is accepted too
+
+
+def test_ui_helpers_write_previews_and_saves_with_the_run_s_metadata(paths, ctx):
+    spec = spec_from_v3_class(Saves)
+    images = torch.full((2, 3, 4, 3), 0.25)
+    mask = torch.ones(1, 3, 4)
+    audio = {"waveform": torch.zeros(1, 1, 800), "sample_rate": 8000}
+    out = spec.execute(images=images, mask=mask, audio=audio, prompt={"1": {"class_type": "V3Saves"}},
+                       extra_pnginfo={"workflow": {"nodes": []}})
+    assert [entry["type"] for entry in out.ui["images"]] == ["output", "output"]
+    first = out.ui["images"][0]
+    assert first["subfolder"] == "v3" and first["filename"].startswith("saved_")
+    with Image.open(ctx.paths.output / "v3" / first["filename"]) as saved:
+        assert saved.size == (4, 3) and saved.text["prompt"] == '{"1": {"class_type": "V3Saves"}}'
+        assert saved.text["workflow"] == '{"nodes": []}'
+    mask_file = out.ui["mask_images"][0]
+    with Image.open(ctx.paths.temp / mask_file["subfolder"] / mask_file["filename"]) as preview:
+        assert np.asarray(preview).min() == 255  # a full mask shows white
+    assert out.ui["audio"][0]["type"] == "temp" and out.ui["audio"][0]["filename"].endswith(".flac")
+
+
+class Returns(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Returns", inputs=[io.Combo.Input("shape", options=["tuple", "output", "dict"])],
+                         outputs=[io.Int.Output(), io.String.Output()])
+
+    @classmethod
+    def execute(cls, shape):
+        if shape == "tuple":
+            return 1, "a"
+        if shape == "output":
+            return io.NodeOutput(1, "a")
+        return {"result": (1, "a"), "ui": ui.PreviewText("shown")}
+
+
+def test_every_v3_result_shape_gives_the_same_values():
+    spec = spec_from_v3_class(Returns)
+    assert spec.execute(shape="tuple") == (1, "a")
+    assert spec.execute(shape="output").values == (1, "a")
+    from_dict = spec.execute(shape="dict")
+    assert from_dict.values == (1, "a") and from_dict.ui == {"text": ("shown",)}
+
+
+class Colour(Enum):
+    red = "red"
+    green = "green"
+
+
+class Choices(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Choices", inputs=[
+            io.Combo.Input("colour", options=Colour, default=Colour.green),
+            io.MultiCombo.Input("tags", options=["x", "y", "z"], default=["x"]),
+        ], outputs=[io.String.Output()])
+
+    @classmethod
+    def execute(cls, colour, tags):
+        return io.NodeOutput(f"{colour}:{'+'.join(tags)}")
+
+
+def test_enum_and_multiselect_combos(paths):
+    info = node_info(spec_from_v3_class(Choices))["input"]["required"]
+    assert info["colour"] == [["red", "green"], {"default": "green"}]
+    assert info["tags"] == [["x", "y", "z"], {"default": ["x"], "multiselect": True}]
+    registry = registry_with(Choices)
+    result = run(registry, paths, {"1": {"class_type": "V3Choices", "inputs": {"colour": "red", "tags": {"__value__": ["y", "z"]}}},
+                                   "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
+    assert result.outputs["2"]["text"] == ["red:y+z"]
+    with pytest.raises(PromptError):
+        validate_prompt({"1": {"class_type": "V3Choices", "inputs": {"colour": "blue", "tags": ["x"]}},
+                         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}, registry)
+
+
+def test_unsupported_io_names_say_so():
+    with pytest.raises(AttributeError, match="io.DynamicSlot is not provided by Weft"):
+        io.DynamicSlot
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchType'"):
+        io.NoSuchType
