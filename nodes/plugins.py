@@ -22,9 +22,9 @@ while its nodes are declared, a node refused by the registry's checks, or a node
 taken (unless overriding is allowed) skips the whole plugin with one log line naming it and the
 reason, and start-up continues. Each plugin's import time is measured. While plugins import and run,
 `nodes/compat/` is on `sys.path`, providing the few ComfyUI helper modules simple packs use
-(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`) and the V3 node API
-(`comfy_api.latest` and its version names); any other ComfyUI module is absent, so a pack importing
-it fails with that module named.
+(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`,
+`comfy_execution.graph_utils`) and the V3 node API (`comfy_api.latest` and its version names); any
+other ComfyUI module is absent, so a pack importing it fails with that module named.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ PACKAGE = "custom_nodes"  # the parent module name every plugin is imported unde
 ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
-COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers", "comfy_api")
+COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers", "comfy_api",
+                  "comfy_execution.graph_utils")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
 WEFT_ROOT = Path(__file__).resolve().parents[1]

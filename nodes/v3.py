@@ -233,9 +233,9 @@ class _Hooks:
     def result(self, returned: Any) -> Any:
         """What a V3 execute returned, as Weft's NodeOutput (a plain tuple passes unchanged)."""
         io = self.io
-        if isinstance(returned, ExecutionBlocker):
-            returned = io.NodeOutput(block_execution=returned.message)
-        elif isinstance(returned, dict):
+        if isinstance(returned, ExecutionBlocker):  # every output blocked (silently when it has no message)
+            return NodeOutput(tuple(returned for _ in range(self.output_count)))
+        if isinstance(returned, dict):
             returned = io.NodeOutput.from_dict(returned)
         if not isinstance(returned, io.NodeOutput):
             return returned

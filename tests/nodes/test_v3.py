@@ -488,6 +488,30 @@ def test_node_output_expand_runs_the_returned_graph(paths):
     assert refused.status == "error" and "enable_expand=True" in refused.error["exception_message"]
 
 
+class BuildsGraph(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3BuildsGraph", inputs=[io.Int.Input("value")], outputs=[io.Int.Output()],
+                         enable_expand=True)
+
+    @classmethod
+    def execute(cls, value):
+        from comfy_execution.graph_utils import GraphBuilder
+
+        graph = GraphBuilder()
+        plus_one = graph.node("ComfyMathExpression", expression="a + 1", **{"values.a": value})
+        times_ten = graph.node("ComfyMathExpression", expression="a * 10", **{"values.a": plus_one.out(1)})
+        return io.NodeOutput(times_ten.out(1), expand=graph.finalize())
+
+
+def test_a_graph_builder_expansion_runs_its_chain(paths):
+    registry = registry_with(BuildsGraph)
+    result = run(registry, paths, {"1": {"class_type": "V3BuildsGraph", "inputs": {"value": 21}},
+                                   "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
+    assert result.status == "success", result.error
+    assert result.outputs["2"]["text"] == ["220"]
+
+
 class Blocks(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -498,11 +522,26 @@ class Blocks(io.ComfyNode):
         return io.NodeOutput(block_execution="value is blocked")
 
 
-def test_block_execution_stops_the_branch_with_its_message(paths):
-    registry = registry_with(Blocks)
+class BlocksSilently(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3BlocksSilently", inputs=[io.Int.Input("value")], outputs=[io.Int.Output()])
+
+    @classmethod
+    def execute(cls, value):
+        from comfy_execution.graph_utils import ExecutionBlocker
+
+        return ExecutionBlocker(None)
+
+
+def test_block_execution_stops_the_branch(paths):
+    registry = registry_with(Blocks, BlocksSilently)
     result = run(registry, paths, {"1": {"class_type": "V3Blocks", "inputs": {"value": 1}},
                                    "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
     assert result.status == "error" and "value is blocked" in result.error["exception_message"]
+    silent = run(registry, paths, {"1": {"class_type": "V3BlocksSilently", "inputs": {"value": 1}},
+                                   "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
+    assert silent.status == "success" and "2" not in silent.outputs  # the branch is skipped without an error
 
 
 # ---------------------------------------------------------------------- discovery and refusals
