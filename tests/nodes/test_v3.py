@@ -786,3 +786,37 @@ def test_unsupported_io_names_say_so():
         io.DynamicSlot
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchType'"):
         io.NoSuchType
+
+
+class Progresses(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Progresses", inputs=[io.Int.Input("steps")], outputs=[io.Int.Output()],
+                         hidden=[io.Hidden.unique_id])
+
+    @classmethod
+    async def execute(cls, steps):
+        from comfy_api.latest import ComfyAPI, ComfyAPISync
+
+        api, sync = ComfyAPI(), ComfyAPISync()
+        for step in range(1, steps):
+            await api.execution.set_progress(step, steps)
+        sync.execution.set_progress(steps, steps, node_id=cls.hidden.unique_id,
+                                    preview_image=torch.zeros(1, 4, 4, 3), ignore_size_limit=True)
+        with pytest.raises(ValueError, match="not the running node"):
+            sync.execution.set_progress(1, 1, node_id="elsewhere")
+        return io.NodeOutput(steps)
+
+
+def test_comfy_api_set_progress_reports_the_running_node(paths):
+    registry = registry_with(Progresses)
+    events = EventBus()
+    seen = []
+    events.subscribe(lambda event, data: seen.append((event, data)))
+    result = run(registry, paths, {"5": {"class_type": "V3Progresses", "inputs": {"steps": 3}},
+                                   "6": {"class_type": "PreviewAny", "inputs": {"source": ["5", 0]}}}, events)
+    assert result.status == "success", result.error
+    steps = [(data["value"], data["max"]) for event, data in seen if event == "progress" and data["node"] == "5"]
+    assert steps[:3] == [(1, 3), (2, 3), (3, 3)]
+    previews = [data for event, data in seen if event == "preview" and data["node"] == "5"]
+    assert len(previews) == 1 and previews[0]["image"][0] == "JPEG" and previews[0]["image"][2] == 4

@@ -1,4 +1,4 @@
 """`comfy_api.v0_0_1`: a pinned version name ComfyUI also answers to; in Weft it is `comfy_api.latest`."""
-from comfy_api.latest import IO, UI, ComfyExtension, Input, io, ui  # noqa: F401
+from comfy_api.latest import IO, UI, ComfyAPI, ComfyAPISync, ComfyExtension, Input, io, ui  # noqa: F401
 
-__all__ = ["ComfyExtension", "Input", "io", "IO", "ui", "UI"]
+__all__ = ["ComfyAPI", "ComfyAPISync", "ComfyExtension", "Input", "io", "IO", "ui", "UI"]
