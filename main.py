@@ -123,8 +123,10 @@ class Runtime:
         run_context.configure(self.paths, self.services)
         # After configure: plugins may list model files (folder_paths) while they import.
         from nodes import plugins
+        from nodes.pack_server import PackServer
 
-        self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args)
+        self.pack_server = PackServer(self.events)  # PromptServer.instance for this runtime's packs
+        self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args, server=self.pack_server)
         self.executor = None
         if runs_jobs:
             from execution.scheduler import Executor

@@ -12,6 +12,9 @@ EVENT_TYPES = (
     "execution_success", "execution_error", "execution_interrupted", "status",
     # Not JSON frames on the websocket: binary previews and progress texts.
     "preview", "progress_text",
+    # A node pack's own websocket message, already in its wire form: {"sid": client id or None (every
+    # client), "frame": JSON text or binary frame bytes} (nodes/pack_server.py).
+    "server_message",
 )
 
 Subscriber = Callable[[str, dict[str, Any]], None]

@@ -3,7 +3,8 @@
 A plugin is a package (a folder with `__init__.py`) or a single `.py` module in a custom-nodes folder.
 It is imported as `custom_nodes.<name>` and, as ComfyUI allows, also answers to its own folder name
 (`import <name>.sub` inside the pack), unless that name is not an identifier or is taken by Weft's
-own top-level modules or another importable module: then only the alias is refused, with a warning.
+own top-level modules or another importable module (an installed copy of the same pack, with the same
+`__init__.py`, does not count): then only the alias is refused, with a warning.
 It may expose:
 
 - `NODE_CLASS_MAPPINGS` (with optional `NODE_DISPLAY_NAME_MAPPINGS`): classic ComfyUI node classes,
@@ -21,10 +22,11 @@ registered together or not at all: a syntax error, a missing module, an exceptio
 while its nodes are declared, a node refused by the registry's checks, or a node id that is already
 taken (unless overriding is allowed) skips the whole plugin with one log line naming it and the
 reason, and start-up continues. Each plugin's import time is measured. While plugins import and run,
-`nodes/compat/` is on `sys.path`, providing the few ComfyUI helper modules simple packs use
-(`folder_paths`, `comfy.utils`, `comfy.model_management`, `node_helpers`,
-`comfy_execution.graph_utils`) and the V3 node API (`comfy_api.latest` and its version names); any
-other ComfyUI module is absent, so a pack importing it fails with that module named.
+`nodes/compat/` is on `sys.path`, providing the ComfyUI modules packs use that Weft can answer
+truthfully (`COMPAT_MODULES`, with the V3 node API `comfy_api.latest` and its version names;
+`server.PromptServer.instance` is the runtime's `nodes.pack_server.PackServer`, of whose routes and
+prompt handlers a failed plugin leaves none); any other ComfyUI module is absent, so a pack importing
+it fails, naming every missing module a dry pass over its imports finds (`nodes/plugin_imports.py`).
 """
 from __future__ import annotations
 
@@ -39,14 +41,18 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import quote
 
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
+from nodes.plugin_imports import missing_modules
 from nodes.v3 import specs_from_entrypoint
 from nodes.registry import NodeRegistry
 from execution.spec import NodeDefinitionError, NodeSpec
+
+if TYPE_CHECKING:  # imported where used: the flag parsers import this module, and aiohttp is heavy
+    from nodes.pack_server import PackServer
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ PACKAGE = "custom_nodes"  # the parent module name every plugin is imported unde
 ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
-COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "node_helpers", "comfy_api",
+COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
+                  "comfy.supported_models", "node_helpers", "server", "protocol", "comfy_api",
                   "comfy_execution.graph_utils")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
@@ -199,8 +206,22 @@ def alias_refusal(name: str, module_name: str, plugin_root: Path) -> str | None:
         try:
             Path(found.origin).resolve().relative_to(plugin_root)
         except (ValueError, OSError):
-            return f"an installed module named {name!r} exists ({found.origin})"
+            if not _same_pack(Path(found.origin), plugin_root):
+                return f"an installed module named {name!r} exists ({found.origin})"
     return None
+
+
+def _same_pack(installed: Path, plugin_root: Path) -> bool:
+    """Whether an installed package is a copy of this very pack (the same `__init__.py`, byte for byte):
+    a pack installed with pip as well as copied into custom_nodes. Its alias then names the copy
+    being loaded, which is the same code."""
+    own = plugin_root / "__init__.py"
+    if installed.name != "__init__.py" or not own.is_file():
+        return False
+    try:
+        return installed.read_bytes() == own.read_bytes()
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------- one plugin
@@ -215,7 +236,21 @@ def _where(exc: BaseException, plugin_root: Path) -> str:
     return ""
 
 
-def _import_reason(exc: BaseException, plugin_root: Path) -> str:
+def _missing_reason(exc: ModuleNotFoundError, path: Path, own_names: tuple[str, ...]) -> str:
+    """'missing module(s) ...': the one the import stopped at, and every other the dry pass finds."""
+    try:
+        found = missing_modules(path, own_names, COMPAT_DIR)
+    except Exception:  # the dry pass is a courtesy: the import's own failure is still reported
+        logger.debug("dry import pass over %s failed", path, exc_info=True)
+        found = []
+    names = [exc.name] + [name for name in found if name != exc.name]
+    if len(names) == 1:
+        return f"missing module '{exc.name}'"
+    return f"missing modules {', '.join(repr(n) for n in names)} (the import stopped at '{exc.name}')"
+
+
+def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = None,
+                   own_names: tuple[str, ...] = ()) -> str:
     if isinstance(exc, SyntaxError):
         try:
             file = Path(exc.filename).resolve().relative_to(plugin_root).as_posix()
@@ -227,7 +262,8 @@ def _import_reason(exc: BaseException, plugin_root: Path) -> str:
         top = exc.name.split(".")[0]
         if top in ("comfy", "comfy_extras", "comfy_api", "server", "nodes", "execution", "latent_preview"):
             hint = f"; Weft's compatibility layer provides only {', '.join(COMPAT_MODULES)}"
-        return f"missing module '{exc.name}'{hint}{_where(exc, plugin_root)}"
+        missing = _missing_reason(exc, path, own_names) if path is not None else f"missing module '{exc.name}'"
+        return f"{missing}{hint}{_where(exc, plugin_root)}"
     if isinstance(exc, ImportError):
         hint = ""
         if exc.name == "nodes":
@@ -342,6 +378,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
     else:
         report.warnings.append(f"not importable as '{name}' (only as {module_name}): {refused}")
     started = time.perf_counter()
+    from nodes import pack_server
+
+    server_mark = pack_server.installed().mark()  # the routes and prompt handlers it adds go if it fails
     try:
         try:
             module = _import(path, module_name, report.alias)
@@ -349,7 +388,8 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
             raise
         except (Exception, SystemExit) as exc:
             logger.debug("plugin %s import traceback", name, exc_info=exc)
-            raise PluginError(_import_reason(exc, plugin_root)) from exc
+            own_names = (module_name, report.alias) if report.alias else (module_name,)
+            raise PluginError(_import_reason(exc, plugin_root, path, own_names)) from exc
         finally:
             report.import_seconds = time.perf_counter() - started
         report.slow = report.import_seconds >= slow_import_seconds
@@ -384,6 +424,7 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         _forget_module(module_name)
     if report.status != "loaded":
         report.alias = ""
+        pack_server.installed().rollback(server_mark)
         registry.note_failed_source(name, report.reason, report.may_provide)
     else:
         registry.forget_failed_source(name)
@@ -393,12 +434,18 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
 # ---------------------------------------------------------------------- every plugin
 def load_plugins(registry: NodeRegistry, directories: Iterable[str | Path], *, disabled: Iterable[str] = (),
                  disable_all: bool = False, allow_override: bool = False,
-                 slow_import_seconds: float = SLOW_IMPORT_SECONDS) -> list[PluginReport]:
+                 slow_import_seconds: float = SLOW_IMPORT_SECONDS,
+                 server: PackServer | None = None) -> list[PluginReport]:
     """Load every plugin in `directories` (in order, each sorted by name) and log one line per problem.
 
     `disabled` names plugins (folder name or module file name) to skip; `disable_all` skips all
     of them (still reported, as disabled). A plugin name already loaded from an earlier folder is
-    refused, since its module name and extension URL would collide."""
+    refused, since its module name and extension URL would collide. `server` (the runtime's) becomes
+    the PromptServer.instance the plugins see."""
+    if server is not None:
+        from nodes import pack_server
+
+        pack_server.install(server)
     disabled_names = {d.removesuffix(".py") for d in disabled}
     reports: list[PluginReport] = []
     seen_dirs: set[Path] = set()
@@ -470,13 +517,14 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                        help="let a plugin replace a node id already registered (refused by default)")
 
 
-def load_from_args(registry: NodeRegistry, base: str | Path, args: argparse.Namespace) -> list[PluginReport]:
+def load_from_args(registry: NodeRegistry, base: str | Path, args: argparse.Namespace, *,
+                   server: PackServer | None = None) -> list[PluginReport]:
     """Load `<base>/custom_nodes` and every `--custom-nodes-directory`, honouring the disable flags."""
     directories = [Path(base) / "custom_nodes", *getattr(args, "custom_nodes_directory", [])]
     return load_plugins(
         registry, directories, disabled=getattr(args, "disable_custom_node", []),
         disable_all=getattr(args, "disable_all_custom_nodes", False),
-        allow_override=getattr(args, "allow_node_override", False),
+        allow_override=getattr(args, "allow_node_override", False), server=server,
     )
 
 

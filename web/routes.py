@@ -62,6 +62,8 @@ async def post_prompt(request: web.Request) -> web.Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         return _bad("the body must be a JSON object with a 'prompt'")
+    if state.packs is not None and state.packs.has_prompt_handlers:  # node packs may rewrite the body first
+        body = await asyncio.get_running_loop().run_in_executor(None, state.packs.trigger_on_prompt, body)
     prompt = body.get("prompt")
     if not isinstance(prompt, dict):
         return _bad("'prompt' must be an object: {node_id: {class_type, inputs}} or an editor workflow")

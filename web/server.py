@@ -79,12 +79,38 @@ def create_app(runtime: AppRuntime, config: ServerConfig) -> web.Application:
         app.router.add_get(prefix + "/ws", websocket_handler)
         for method, path, handler in route_table():
             app.router.add_route(method, prefix + path, handler)
+    mount_pack_routes(app, state.packs)
     files.add_unprefixed_routes(app)
     logs.install(app)
     app.on_startup.append(state.startup)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(state.shutdown)
     return app
+
+
+def mount_pack_routes(app: web.Application, packs: Any) -> None:
+    """Serve the routes node packs declared on PromptServer.instance.routes, bare and under /api like
+    Weft's own (after them, so a pack never replaces one; static folders are served bare only)."""
+    for route in getattr(packs, "routes", ()):
+        if isinstance(route, web.StaticDef):
+            mounts = [web.StaticDef(route.prefix, route.path, route.kwargs)]
+        elif isinstance(route, web.RouteDef):
+            mounts = [web.RouteDef(route.method, prefix + route.path, route.handler, route.kwargs)
+                      for prefix in ("", "/api")]
+        else:
+            logger.warning("node pack route %r is neither a route nor a static folder; not served", route)
+            continue
+        for mount in mounts:
+            try:
+                mount.register(app.router)
+            except (RuntimeError, ValueError) as exc:  # taken by Weft's own route, or a malformed path
+                logger.warning("node pack route %s is not served: %s", _describe(mount), exc)
+
+
+def _describe(route: Any) -> str:
+    if isinstance(route, web.StaticDef):
+        return f"static {route.prefix}"
+    return f"{route.method} {route.path} ({getattr(route.handler, '__module__', '?')})"
 
 
 async def _close_websockets(app: web.Application) -> None:

@@ -54,6 +54,9 @@ class AppRuntime(Protocol):
     events: EventBus
     executor: Executor
     plugin_reports: Sequence[Any]  # the plugin loader's reports, one per plugin found
+    # Optional `pack_server`: what node packs see as ComfyUI's PromptServer.instance (nodes/pack_server.py):
+    # its `routes` are served, `trigger_on_prompt(body)` sees every POST /prompt body, and
+    # `attach(app, loop)` / `detach(app)` tell it the server runs.
 
     def validate(self, prompt: dict, *, partial_targets: list[str] | None = None) -> ValidatedPrompt:
         """Validate an API prompt (PromptError when nothing can run)."""
@@ -93,6 +96,7 @@ class ServerState:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bridge: EventBridge | None = None
         self.plugin_web_dirs: dict[str, Path] = {}
+        self.packs = getattr(runtime, "pack_server", None)  # node packs' PromptServer.instance, when plugins load
         self._job_clients: dict[str, str | None] = {}
         self._status_scheduled = False
         self._lock = threading.Lock()
@@ -167,12 +171,16 @@ class ServerState:
         self.loop = asyncio.get_running_loop()
         self.bridge = EventBridge(self.loop, self.hub, self.client_of)
         self._unsubscribe = self.runtime.events.subscribe(self.bridge)
+        if self.packs is not None:
+            self.packs.attach(app, self.loop)
         self.runner.start()
 
     async def shutdown(self, app: web.Application) -> None:
         """Stop the worker (a running job goes back to the queue), close sockets and the store."""
         await asyncio.get_running_loop().run_in_executor(None, self.runner.stop)
         self._unsubscribe()
+        if self.packs is not None:
+            self.packs.detach(app)
         await self.hub.close_all()
         self.store.close()
 

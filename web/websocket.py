@@ -4,7 +4,8 @@ Events arrive on the job runner's thread (relayed from the worker process, which
 previews as JPEG/PNG); `EventBridge` makes frames there (JSON text, or binary previews and progress
 texts) and hands finished frames to the event loop with `call_soon_threadsafe`.
 `Hub.deliver` then routes a frame to the client that submitted the job and to clients that subscribed
-to every job (a job without a client id goes to everyone, as in ComfyUI).
+to every job (a job without a client id goes to everyone, as in ComfyUI). A node pack's own message
+(`server_message`, already a finished frame) goes to the one client it names, or to every client.
 
 Each client has its own queue and sender task, so a slow client never slows the others. The queue is
 bounded in frames and bytes: previews are dropped first (a newer one follows anyway); a client whose
@@ -108,9 +109,14 @@ class Hub:
         for client in targets:
             self.enqueue(client, Frame(text))
 
-    def deliver(self, frames: list[tuple[str, Any]], client_id: str | None) -> None:
-        """Frames made by the bridge: ("json", text) | ("binary", bytes) | ("preview", (legacy, with_meta))."""
-        targets = self.targets(client_id)
+    def deliver(self, frames: list[tuple[str, Any]], client_id: str | None, *, only: bool = False) -> None:
+        """Frames made by the bridge: ("json", text) | ("binary", bytes) | ("preview", (legacy, with_meta)).
+
+        With `only`, they go to client `client_id` alone (a node pack's message addressed to one client)."""
+        if only:
+            targets = [self.clients[client_id]] if client_id in self.clients else []
+        else:
+            targets = self.targets(client_id)
         for kind, payload in frames:
             for client in targets:
                 if kind == "preview":
@@ -298,6 +304,11 @@ class EventBridge:
         if event == "progress_text":
             self._post([("binary", progress_text_frame(data))], prompt_id)
             return
+        if event == "server_message":  # a node pack's message: to the client it names, or to everyone
+            frame, sid = data.get("frame"), data.get("sid")
+            if isinstance(frame, (str, bytes)):
+                self._queue([("json" if isinstance(frame, str) else "binary", frame)], sid, only=sid is not None)
+            return
         frame = ("json", json.dumps({"type": event, "data": data}, default=repr))
         if prompt_id is not None and (event in TERMINAL_EVENTS or (event == "executing" and data.get("node") is None)):
             self._held.setdefault(prompt_id, []).append(frame)
@@ -311,10 +322,12 @@ class EventBridge:
             self._post(held, prompt_id)
 
     def _post(self, frames: list[tuple[str, Any]], prompt_id: str | None) -> None:
-        client_id = self.client_of(prompt_id) if prompt_id else None
+        self._queue(frames, self.client_of(prompt_id) if prompt_id else None)
+
+    def _queue(self, frames: list[tuple[str, Any]], client_id: str | None, *, only: bool = False) -> None:
         with self._outbox_lock:
             first = not self._outbox
-            self._outbox.append((frames, client_id))
+            self._outbox.append((frames, client_id, only))
         if first:
             try:
                 self.loop.call_soon_threadsafe(self._flush)
@@ -324,5 +337,5 @@ class EventBridge:
     def _flush(self) -> None:
         with self._outbox_lock:
             batch, self._outbox = self._outbox, []
-        for frames, client_id in batch:
-            self.hub.deliver(frames, client_id)
+        for frames, client_id, only in batch:
+            self.hub.deliver(frames, client_id, only=only)

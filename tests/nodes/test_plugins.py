@@ -34,7 +34,10 @@ BROKEN = {
     "syntax_error_pkg": "syntax error",
     "missing_dependency": "missing module 'weft_fixture_not_installed'",
     "unsupported_comfy_module": "missing module 'comfy.sd'; Weft's compatibility layer provides only",
-    "server_import": "missing module 'server'",
+    "server_missing_attribute": "AttributeError while importing: PromptServer.instance has no attribute "
+                                "'prompt_queue': Weft's compatibility layer does not provide it",
+    "missing_chain": "missing modules 'comfy.sd', 'comfy.samplers', 'comfy_extras' (the import stopped at "
+                     "'comfy.sd'); Weft's compatibility layer provides only",
     "import_error_name": "cannot import name 'folder_names_and_paths' from 'folder_paths'",
     "comfy_nodes_import": "cannot import name 'common_ksampler' from 'nodes'",
     "relative_missing": "missing module 'custom_nodes.relative_missing.not_here'",
@@ -262,7 +265,7 @@ def test_a_node_of_a_pack_that_failed_to_load_is_reported_with_the_pack_and_its_
 
     pack = tmp_path / "needs_server"
     pack.mkdir()
-    (pack / "__init__.py").write_text("from server import PromptServer\nfrom .nodes import NODE_CLASS_MAPPINGS\n")
+    (pack / "__init__.py").write_text("import comfy.sd\nfrom .nodes import NODE_CLASS_MAPPINGS\n")
     (pack / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {'FixtureNeedsServer': object}\n")
     registry = builtin_registry()
     [report] = plugins.load_plugins(registry, [tmp_path])
@@ -274,7 +277,7 @@ def test_a_node_of_a_pack_that_failed_to_load_is_reported_with_the_pack_and_its_
     error = info.value.to_json()["error"]
     assert error["type"] == "missing_node_type"
     assert ("node type 'FixtureNeedsServer' is not registered; it comes from the custom node pack "
-            "'needs_server', which failed to load: missing module 'server'") in error["message"]
+            "'needs_server', which failed to load: missing module 'comfy.sd'") in error["message"]
     assert error["extra_info"]["pack"] == "needs_server" and error["extra_info"]["pack_error"] == report.reason
     # A UI-format workflow is traced the same way, and an unrelated unknown type blames no pack.
     ui = {"nodes": [{"id": 1, "type": "FixtureNeedsServer", "mode": 0}, {"id": 2, "type": "NoSuchType", "mode": 0}],

@@ -1,4 +1,5 @@
-"""Weft's compatibility stand-in for ComfyUI's `comfy` package: only `comfy.utils` and `comfy.model_management`.
+"""Weft's compatibility stand-in for ComfyUI's `comfy` package: `comfy.utils`, `comfy.model_management`,
+`comfy.model_detection` and `comfy.supported_models`.
 
 Any other `comfy.*` module is absent on purpose, so a plugin importing it fails to load with that
 module named (see nodes/plugins.py)."""

@@ -2,11 +2,13 @@
 
 Provided: ProgressBar (progress and previews go to the running job's event stream, and an
 interrupted job stops at the next update), PROGRESS_BAR_ENABLED, load_torch_file and save_torch_file
-(safetensors only: a pickle checkpoint is refused), common_upscale, repeat_to_batch_size.
+(safetensors only: a pickle checkpoint is refused), safetensors_header, common_upscale,
+repeat_to_batch_size.
 Not provided: tiled_scale, state-dict key conversion helpers, set_progress_bar_global_hook and the rest.
 """
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,27 @@ def load_torch_file(ckpt: str | Path, safe_load: bool = True, device: Any = None
     if return_metadata:
         return tensors, read_header(path).metadata
     return tensors
+
+
+SAFETENSORS_HEADER_MAX_BYTES = 100 * 2**20  # a longer header is not read (ComfyUI's default bound)
+
+
+def safetensors_header(safetensors_path: str | Path, max_size: int = SAFETENSORS_HEADER_MAX_BYTES) -> bytes | None:
+    """The raw JSON header of a safetensors file (bytes, undecoded), or None when it is longer than
+    `max_size`; ValueError when the file is too short to hold the header it declares."""
+    with open(safetensors_path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"safetensors_header: {Path(safetensors_path).name} is too short to be a safetensors "
+                             f"file ({len(prefix)} bytes)")
+        length = struct.unpack("<Q", prefix)[0]
+        if length > max_size:
+            return None
+        header = handle.read(length)
+    if len(header) < length:
+        raise ValueError(f"safetensors_header: {Path(safetensors_path).name} declares a {length}-byte header but "
+                         f"holds only {len(header)} bytes after the length")
+    return header
 
 
 def save_torch_file(sd: dict[str, torch.Tensor], ckpt: str | Path, metadata: dict[str, str] | None = None) -> None:

@@ -1,2 +1,0 @@
-"""Broken: imports ComfyUI's server module."""
-from server import PromptServer  # noqa: F401
