@@ -61,7 +61,7 @@ ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
-                  "comfy.supported_models", "node_helpers", "server", "protocol", "comfy_api",
+                  "comfy.supported_models", "node_helpers", "server", "protocol", "latent_preview", "comfy_api",
                   "comfy_execution.graph_utils")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped

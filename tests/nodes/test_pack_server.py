@@ -178,3 +178,47 @@ def test_the_dry_pass_names_every_missing_module_of_an_import_chain(tmp_path):
     found = missing_modules(pack, ("custom_nodes.chain_pack", "chain_pack"), plugins.COMPAT_DIR)
     # Breadth first through the pack's own modules; server and folder_paths exist, the TYPE_CHECKING one is skipped.
     assert found == ["weft_fixture_absent_a", "weft_fixture_absent_c", "comfy_extras", "comfy.model_patcher"]
+
+
+class _ProjectedVAE:
+    """A video VAE stand-in whose preview projection comes from its metadata (channel 0 -> red)."""
+
+    kind, name, path = "video", "projected-vae", None
+
+    def __init__(self) -> None:
+        config = type("Config", (), {"latent_channels": 4, "spatial_ratio": 2})()
+        self.model = type("Model", (), {"config": config})()
+        weights = [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+        self.metadata = {"weft_latent_rgb": json.dumps({"weights": weights, "bias": [0.0, 0.0, 0.0]})}
+
+
+def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
+    import latent_preview
+
+    events = []
+    services = run_context.Services(preview_method="latent2rgb", preview_size=64)
+    ctx = run_context.RunContext("job-2", "3", "3", Paths(tmp_path), emit=lambda e, d: events.append((e, d)),
+                                 runtime=services)
+    token = run_context.activate(ctx)
+    try:
+        from nodes.previews import register_vae
+
+        register_vae(_ProjectedVAE())
+        assert latent_preview.MAX_PREVIEW_RESOLUTION == 64
+        x0 = torch.zeros(1, 4, 3, 5, 6)
+        x0[:, 0] = 1.0  # all red
+        kept = {}
+        callback = latent_preview.prepare_callback(None, 2, kept)
+        callback(0, x0, x0, 2)
+        callback(1, x0, x0, 2)
+    finally:
+        run_context.deactivate(token)
+    assert kept["x0"] is x0
+    assert [(d["value"], d["max"]) for e, d in events if e == "progress"] == [(1, 2), (2, 2)]
+    previews = [d["image"] for e, d in events if e == "preview"]
+    assert previews and previews[-1][0] == "JPEG"
+    image = previews[-1][1]
+    assert image.size == (12, 10)
+    assert np.abs(np.asarray(image, dtype=int) - [255, 0, 0]).max() <= 2
+    with pytest.raises(AttributeError, match="no attribute 'get_previewer'"):
+        latent_preview.get_previewer

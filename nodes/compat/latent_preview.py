@@ -1,0 +1,57 @@
+"""ComfyUI's `latent_preview` basics for plugins: a sampler callback that reports progress and live previews
+the way Weft's own samplers do (nodes/previews.py).
+
+Provided: prepare_callback(model, steps, x0_output_dict=None) returns callback(step, x0, x, total_steps),
+which reports step + 1 of total_steps as the running node's progress (stopping an interrupted job there)
+and hands x0, the denoised estimate (an H3 video latent (B, C, T, H, W), or a latent dict with `samples`
+and `audio_samples`), to the job's preview method, drawn by the video VAE last loaded for that many latent
+channels; x0 is kept in x0_output_dict["x0"] when a dict is given, and the last step waits until its
+preview is sent. `model` is accepted for ComfyUI's signature: Weft finds the preview source by the
+latent's channels. MAX_PREVIEW_RESOLUTION: the runtime's preview size (--preview-size).
+Not provided: get_previewer, LatentPreviewer, TAESD, set_preview_method (the method is chosen per job),
+latent formats.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from execution.context import current
+from nodes.previews import SamplerPreviews
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MAX_PREVIEW_RESOLUTION":  # read live: the running runtime's setting
+        return int(current().runtime.preview_size)
+    raise AttributeError(f"module 'latent_preview' (Weft compatibility layer) has no attribute {name!r}; it provides "
+                         "prepare_callback and MAX_PREVIEW_RESOLUTION")
+
+
+class SamplerCallback:
+    """The callback prepare_callback returns: one sampler run's progress and previews."""
+
+    def __init__(self, steps: int, x0_output_dict: dict | None) -> None:
+        self.steps = steps
+        self.x0_output_dict = x0_output_dict
+        self.previews: SamplerPreviews | None = None
+
+    def __call__(self, step: int, x0: Any, x: Any = None, total_steps: int | None = None) -> None:
+        if self.x0_output_dict is not None:
+            self.x0_output_dict["x0"] = x0
+        denoised = x0 if isinstance(x0, dict) else {"samples": x0} if isinstance(x0, torch.Tensor) else {}
+        if self.previews is None:  # on the first step, in the node's own context
+            self.previews = SamplerPreviews.start(denoised)
+        total = int(total_steps if total_steps is not None else self.steps)
+        try:
+            self.previews.report(step + 1, total, denoised)
+        except BaseException:
+            self.previews.close(wait=False)
+            raise
+        if step + 1 >= total:
+            self.previews.close()
+
+
+def prepare_callback(model: Any, steps: int, x0_output_dict: dict | None = None) -> Callable[..., None]:
+    """A `callback(step, x0, x, total_steps)` for a sampler loop (see the module docstring)."""
+    return SamplerCallback(int(steps), x0_output_dict)
