@@ -72,7 +72,25 @@ class HookPackNotify:
         return {}
 
 
-NODE_CLASS_MAPPINGS = {"HookPackNotify": HookPackNotify}
+class HookPackEven:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, value):
+        return True if value % 2 == 0 else f"{value} is odd"
+
+    def run(self, value, unique_id=None):
+        return {}
+
+
+NODE_CLASS_MAPPINGS = {"HookPackNotify": HookPackNotify, "HookPackEven": HookPackEven}
 '''
 
 
@@ -238,6 +256,18 @@ def test_a_pack_node_out_of_range_gets_comfyuis_error_shape(packs_server):
     assert set(error) == {"type", "message", "details", "extra_info"}
     assert error["extra_info"]["input_name"] == "width" and error["extra_info"]["received_value"] == 0
     assert error["extra_info"]["input_config"][0] == "INT" and error["extra_info"]["input_config"][1]["min"] == 1
+
+
+def test_a_pack_validator_failure_and_hidden_input_in_comfyuis_shapes(packs_server):
+    status, reply = post_json(packs_server.url + "/prompt",
+                              {"prompt": {"4": {"class_type": "HookPackEven", "inputs": {"value": 3}}}})
+    assert status == 400
+    [error] = reply["node_errors"]["4"]["errors"]
+    assert (error["type"], error["message"], error["details"]) == (
+        "custom_validation_failed", "Custom validation failed for node", "value - 3 is odd")
+    assert error["extra_info"]["input_name"] == "value"
+    status, info = get_json(packs_server.url + "/object_info/HookPackEven")
+    assert status == 200 and info["HookPackEven"]["input"]["hidden"] == {"unique_id": "UNIQUE_ID"}
 
 
 def test_prompt_handlers_change_the_prompt_before_validation(packs_server):
