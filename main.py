@@ -404,7 +404,23 @@ def command_serve(argv: list[str]) -> int:
     args = parser.parse_args(argv)  # --help and usage errors end here, before the server is imported
     from web import server
 
-    return server.serve(parser, args, runtime_factory=Runtime)
+    return server.serve(parser, args, runtime_factory=Runtime, worker_pool=worker_pool_from_args(parser, args))
+
+
+def worker_pool_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The Ray worker pool --workers / --ray-address ask for, or None (then Ray is never imported)."""
+    if args.workers is None and not args.ray_address:
+        return None
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: at least one worker is needed")
+    if args.worker_threads is not None and args.worker_threads < 1:
+        parser.error("--worker-threads must be at least 1")
+    try:
+        from cluster.ray_pool import pool_from_args
+    except ImportError as exc:
+        parser.error(f"--workers and --ray-address run jobs on Ray, which is not installed ({exc}); "
+                     "install it with: pip install ray==2.60.0")
+    return pool_from_args(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -245,21 +245,26 @@ def commit_staged(files: list[tuple[str, str]] | list[list[str]]) -> None:
             os.replace(staged, final)
 
 
-def settle_staged(folders: list[Path] | tuple[Path, ...], committed_tokens: set[str]) -> dict[str, int]:
+def settle_staged(folders: list[Path] | tuple[Path, ...], committed_tokens: set[str], *,
+                  keep: frozenset[str] | set[str] = frozenset()) -> dict[str, int]:
     """After a process died: finish the rename of staged files whose job has its record (token in
-    `committed_tokens`), remove every other staged file. Returns {"committed": n, "removed": m}."""
+    `committed_tokens`), remove every other staged file but those of the attempts still running
+    (token in `keep`: other workers' jobs). Returns {"committed": n, "removed": m}."""
     report = {"committed": 0, "removed": 0}
     for folder in folders:
         if not Path(folder).is_dir():
             continue
         # A write cut short leaves its temporary `.<staged name>...part` beside the staged name: never whole.
         for path in Path(folder).rglob("." + STAGING_PREFIX + "*.part"):
+            parts = _staged_parts(path.name[1:])
+            if parts is not None and parts[0] in keep:
+                continue
             if path.is_file():
                 path.unlink(missing_ok=True)
                 report["removed"] += 1
         for path in Path(folder).rglob(STAGING_PREFIX + "*"):
             parts = _staged_parts(path.name)
-            if not path.is_file():
+            if not path.is_file() or (parts is not None and parts[0] in keep):
                 continue
             if parts is not None and parts[0] in committed_tokens:
                 os.replace(path, path.with_name(parts[1]))

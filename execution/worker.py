@@ -11,12 +11,14 @@ the model cache. Two workers exist:
 A transport carries picklable messages both ways and can kill what it reaches:
 
     server -> worker   ("run", JobRequest) | ("interrupt", prompt_id) | ("free", unload_models) | ("stop",)
-    worker -> server   ("ready",) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
+    worker -> server   ("ready", info) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
 
-`LocalProcessTransport` runs `serve_worker` in a child process over a pipe; a Ray actor transport
-(the scale-out issue) implements the same five methods. A local worker writes outputs under staging
-names in the shared output folder (`JobOutcome.staged`); a worker on another machine would return
-their bytes instead, for the server to write under the same staging names before the record. Interruption is cooperative first: the
+`LocalProcessTransport` runs `serve_worker` in a child process over a pipe; the Ray actor transport
+(`cluster/`) implements the same five methods around the same `_WorkerHost`. A local worker writes
+outputs under staging names in the shared output folder (`JobOutcome.staged`); a Ray worker returns
+their bytes instead, and its transport writes them under the same staging names on the server before
+the record. Several workers form a pool: the job runner gives each its own job (`execution/jobs.py`,
+`execution/placement.py`). Interruption is cooperative first: the
 worker's executor stops at its next check point. A node that does not reach one within the grace
 period gets its worker killed and restarted, and its job ends `interrupted`. A worker that dies on
 its own raises `WorkerDied`, and the runner applies the crash rule (retry once, then interrupted).
@@ -71,6 +73,7 @@ class JobOutcome:
     error: dict | None = None
     staged: list = field(default_factory=list)  # (staging path, final path) of the files it wrote
     killed: bool = False  # the worker was killed after the grace period: the node never stopped
+    profile: dict = field(default_factory=dict)  # per node: class_type, wall_ms, cpu_ms, ... (execution.profile)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable
         result = run(validated, prompt_id=request.prompt_id, extra_data=request.extra_data, control=control)
         outcome = JobOutcome(result.status if result.status in ("success", "interrupted") else "error",
                              outputs=result.outputs, messages=[list(m) for m in result.messages],
-                             meta=result.meta, error=result.error)
+                             meta=result.meta, error=result.error, profile=getattr(result, "profile", None) or {})
     except Exception as exc:  # validation at run time (a restart with other nodes) or an engine fault
         outcome = failure_outcome(request.prompt_id, exc)
     finally:
@@ -129,7 +132,9 @@ def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable
 
 # ---------------------------------------------------------------------- the interface
 class Worker(ABC):
-    """What the job runner needs of a worker (called from the runner's one thread)."""
+    """What the job runner needs of a worker (each worker is called from its own runner thread)."""
+
+    name = "local"  # how records, the profile and /system_stats name it
 
     @abstractmethod
     def start(self) -> None:
@@ -146,6 +151,35 @@ class Worker(ABC):
     @abstractmethod
     def stop(self, timeout: float = 30.0) -> None:
         """Release the worker (after the current job)."""
+
+    def is_ready(self) -> bool:
+        """Whether it can take a job at once (not still starting)."""
+        return True
+
+    def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The (model folder, name) files of `models` it cannot read; a worker on the server's machine
+        reads the server's own folders, which validation already checked."""
+        return []
+
+    def describe(self) -> dict:
+        """What /system_stats shows of it besides its name and state."""
+        return {"kind": "in-process"}
+
+
+class WorkerPool:
+    """Several workers behind the one queue, and how to release what they run on."""
+
+    def __init__(self, workers: list[Worker], *, close: Callable[[], None] | None = None) -> None:
+        if not workers:
+            raise ValueError("a worker pool needs at least one worker")
+        self.workers = list(workers)
+        self._close = close
+
+    def close(self) -> None:
+        """Release the pool's engine (after the workers were stopped)."""
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
 
 
 class InProcessWorker(Worker):
@@ -179,7 +213,7 @@ class Transport(ABC):
 
     @abstractmethod
     def start(self) -> None:
-        """Start the runtime; it sends ("ready",) once it can take jobs."""
+        """Start the runtime; it sends ("ready", info) once it can take jobs."""
 
     @abstractmethod
     def send(self, message: tuple) -> None:
@@ -197,18 +231,56 @@ class Transport(ABC):
     def stop(self, timeout: float) -> None:
         """Ask the runtime to end; kill it after `timeout` seconds."""
 
+    def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The model files of `models` the runtime's machine lacks (a local child shares the server's)."""
+        return []
+
 
 class RemoteWorker(Worker):
     """Runs jobs in a runtime reached through a transport; its events go out on `events`."""
 
     def __init__(self, make_transport: Callable[[], Transport], events: EventBus, *,
-                 grace_s: float = DEFAULT_INTERRUPT_GRACE_S) -> None:
+                 grace_s: float = DEFAULT_INTERRUPT_GRACE_S, name: str = "worker", kind: str = "process") -> None:
         self.make_transport = make_transport
         self.events = events
         self.grace_s = grace_s
+        self.name = name
+        self.kind = kind
         self.transport: Transport | None = None
         self.ready = False
+        self.info: dict = {}  # what the runtime said of itself when ready (host, pid, devices)
         self.restarts = 0  # runtimes started after the first (kills and crashes)
+
+    def is_ready(self) -> bool:
+        """Up and waiting (reads a pending "ready" without blocking)."""
+        if self.transport is None:
+            return False
+        if not self.ready:
+            try:
+                message = self.transport.receive(0.0)
+            except WorkerDied:  # it died while idle: start a fresh one now
+                self._discard(kill=True)
+                self.start()
+                return False
+            if message is not None and message[0] == "ready":
+                self._note_ready(message)
+        return self.ready
+
+    def _note_ready(self, message: tuple) -> None:
+        self.ready = True
+        if len(message) > 1 and isinstance(message[1], dict):
+            self.info = message[1]
+
+    def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Asked of the transport (a runtime on another machine has its own model folders)."""
+        transport = self.transport
+        if transport is None or not models:
+            return []
+        return transport.missing_models(models)
+
+    def describe(self) -> dict:
+        """Kind, restarts and what the runtime reported when it was ready."""
+        return {"kind": self.kind, "restarts": self.restarts, "ready": self.ready, **self.info}
 
     def start(self) -> None:
         """Start the runtime in the background (jobs wait for it to be ready)."""
@@ -235,7 +307,7 @@ class RemoteWorker(Worker):
                 self._discard(kill=True)
                 raise WorkerStartFailed(f"the job worker could not start: {exc}") from None
             if message is not None and message[0] == "ready":
-                self.ready = True
+                self._note_ready(message)
             elif control is not None and control.interrupted:
                 return False
         return True
@@ -378,9 +450,10 @@ def _die_with_parent() -> None:
 class _WorkerHost:
     """The child's side: builds the runtime, reads messages, runs one job at a time on a thread."""
 
-    def __init__(self, connection: Any, runtime: Any) -> None:
+    def __init__(self, connection: Any, runtime: Any, *, info: dict | None = None) -> None:
         self.connection = connection
         self.runtime = runtime
+        self.info = dict(info or {})  # more to say of itself in ("ready", info)
         self.base = getattr(getattr(runtime, "paths", None), "base", None)
         self._send_lock = threading.Lock()
         self.control = None
@@ -423,9 +496,11 @@ class _WorkerHost:
 
     def serve(self) -> None:
         """Answer the server's messages until it says stop or goes away."""
+        import socket
+
         from execution.scheduler import JobControl
 
-        self.send(("ready",))
+        self.send(("ready", {"host": socket.gethostname(), "pid": os.getpid(), **self.info}))
         while True:
             try:
                 message = self.connection.recv()

@@ -1,5 +1,6 @@
-"""The folder-level import rules: execution/ sees nodes only through its own NodeSpec, and web/
-reaches the rest only through execution/ (main.py wires the parts together)."""
+"""The folder-level import rules: execution/ sees nodes only through its own NodeSpec, web/ reaches
+the rest only through execution/, and cluster/ (the Ray workers) builds runtimes only from the recipe
+it is given (main.py wires the parts together)."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "execution": {"torch", "nodes", "models", "media", "kernels", "web", "cluster", "main"},
     "web": {"nodes", "models", "media", "kernels", "cluster", "main"},
+    "cluster": {"torch", "nodes", "models", "media", "kernels", "web", "main"},
 }
 
 

@@ -33,5 +33,16 @@ def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]
     parser.add_argument("--in-process-jobs", action="store_true",
                         help="run jobs on a thread of the server's process instead of a worker process (one "
                              "process to debug; a node that never yields then stalls the server)")
+    cluster = parser.add_argument_group("workers on Ray (needs the ray package: pip install ray==2.60.0)")
+    cluster.add_argument("--workers", type=int, default=None, metavar="N",
+                         help="run jobs on N workers: with --ray-address, actors on the cluster (default one per "
+                              "GPU); alone, a local Ray instance with N CPU workers")
+    cluster.add_argument("--ray-address", type=str, default=None, metavar="ADDR",
+                         help="join the Ray cluster at ADDR (host:port, or 'auto' on a cluster machine); every "
+                              "machine needs Weft and the same model folders at the same paths")
+    cluster.add_argument("--worker-gpus", type=float, default=None, metavar="G",
+                         help="GPUs each Ray worker takes (default 1 when the cluster has GPUs, else 0)")
+    cluster.add_argument("--worker-threads", type=int, default=None, metavar="T",
+                         help="compute threads each Ray worker uses (default: torch's own choice)")
     add_common_arguments(parser)
     return parser

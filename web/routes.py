@@ -283,6 +283,8 @@ def job_detail(job: Job) -> dict:
         "update_time": job.end_time or job.start_time or job.create_time,
         "execution_status": record["status"] if record else None,
         "execution_meta": job.meta or {},
+        "worker": job.worker,  # the worker it was handed to (its last attempt's)
+        "profile": job.profile,  # {worker, nodes: {node: {class_type, wall_ms, cpu_ms, ...}}} once it finished
     })
     return detail
 
@@ -400,6 +402,9 @@ async def get_system_stats(request: web.Request) -> web.Response:
                    "required_frontend_version": "", "python_version": sys.version, "pytorch_version": torch_version,
                    "embedded_python": False, "argv": sys.argv},
         "devices": await asyncio.get_running_loop().run_in_executor(None, _devices),
+        # The job workers: name, kind (in-process, process, ray), state, the job running, jobs run, restarts,
+        # host and devices, and the models the dispatcher counts as loaded there.
+        "workers": state.runner.describe_workers(),
         "plugins": {"loaded": [r for r in reports if isinstance(r, dict) and r.get("status") == "loaded"],
                     "failed": [r for r in reports if not isinstance(r, dict) or r.get("status") == "failed"],
                     "disabled": [r for r in reports if isinstance(r, dict) and r.get("status") == "disabled"]},

@@ -241,22 +241,29 @@ async def _serve(runtime: AppRuntime, config: ServerConfig) -> None:
 
 
 def main(argv: list[str], *, add_common_arguments: Callable[[argparse.ArgumentParser], None],
-         runtime_factory: Callable[[argparse.Namespace], AppRuntime]) -> int:
+         runtime_factory: Callable[[argparse.Namespace], AppRuntime],
+         worker_pool: Callable[[Any, ServerConfig], Any] | None = None) -> int:
     """`python main.py [flags]`: build the runtime and serve until interrupted."""
     parser = build_parser(add_common_arguments)
-    return serve(parser, parser.parse_args(argv), runtime_factory)
+    return serve(parser, parser.parse_args(argv), runtime_factory, worker_pool=worker_pool)
 
 
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
-          runtime_factory: Callable[[argparse.Namespace], AppRuntime]) -> int:
-    """Serve with flags already parsed by `parser` (used for its usage errors) until interrupted."""
+          runtime_factory: Callable[[argparse.Namespace], AppRuntime], *,
+          worker_pool: Callable[[Any, ServerConfig], Any] | None = None) -> int:
+    """Serve with flags already parsed by `parser` (used for its usage errors) until interrupted;
+    `worker_pool` builds the workers jobs run on (main.py's Ray pool), else one worker process."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.port < 0 or args.port > 65535:
         parser.error(f"--port {args.port} is not a port number")
     if args.max_upload_size <= 0:
         parser.error("--max-upload-size must be positive")
+    if worker_pool is not None and args.in_process_jobs:
+        parser.error("--in-process-jobs runs jobs in the server's process; it cannot be used with --workers "
+                     "or --ray-address")
     config = config_from_args(args)
     runtime = runtime_factory(args)
+    config.worker_pool = worker_pool
     if not args.in_process_jobs:  # the worker process builds its own runtime the same way
         config.worker_recipe = RuntimeRecipe(runtime_factory, args)
     try:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 from aiohttp import web
 
 from execution.jobs import JobHooks, JobRunner, JobStore
+from execution.placement import model_bytes, named_files
 from execution.worker import LocalProcessTransport, RemoteWorker
 from web.security import SecurityConfig
 from web.websocket import EventBridge, Hub
@@ -43,6 +44,9 @@ class ServerConfig:
     # How the job worker process builds its runtime (execution.worker.RuntimeRecipe). None: jobs run on
     # a thread of the server's own process (a node that never yields then stalls the server).
     worker_recipe: Any = None
+    # Several workers (execution.worker.WorkerPool), built from (runtime, config) when the server starts:
+    # main.py wires the Ray pool here for --workers / --ray-address. None: one worker, as above.
+    worker_pool: Callable[[Any, "ServerConfig"], Any] | None = None
     interrupt_grace_s: float = 10.0  # after an interrupt, a node gets this long before its worker is killed
 
 
@@ -100,16 +104,24 @@ class ServerState:
         self._job_clients: dict[str, str | None] = {}
         self._status_scheduled = False
         self._lock = threading.Lock()
-        worker = None
-        if config.worker_recipe is not None:
+        workers = None
+        self.pool = None
+        if config.worker_pool is not None:
+            self.pool = config.worker_pool(runtime, config)
+            workers = self.pool.workers
+        elif config.worker_recipe is not None:
             recipe = config.worker_recipe
-            worker = RemoteWorker(lambda: LocalProcessTransport(recipe), runtime.events,
-                                  grace_s=config.interrupt_grace_s)
+            workers = [RemoteWorker(lambda: LocalProcessTransport(recipe), runtime.events,
+                                    grace_s=config.interrupt_grace_s)]
+        placing = workers is not None and len(workers) > 1
         self.runner = JobRunner(self.store, JobHooks(
             validate=lambda prompt, targets: runtime.validate(prompt, partial_targets=targets),
             run=runtime.executor.run, make_control=JobControl, on_start=self._on_start,
             on_finish=self._on_finish, on_queue_change=self.queue_changed, emit=runtime.events.emit,
-            free=self._free_in_process), worker=worker, output_folders=(Path(self.paths.output), Path(self.paths.temp)))
+            free=self._free_in_process,
+            files_of=(lambda job: named_files(job.prompt, runtime.registry, self.paths)) if placing else None,
+            model_sizes=lambda models: model_bytes(self.paths, models)),
+            workers=workers, output_folders=(Path(self.paths.output), Path(self.paths.temp)))
         for report in runtime.plugin_reports:
             web_dir = getattr(report, "web_directory", None)
             if getattr(report, "status", "") == "loaded" and web_dir:
@@ -178,6 +190,8 @@ class ServerState:
     async def shutdown(self, app: web.Application) -> None:
         """Stop the worker (a running job goes back to the queue), close sockets and the store."""
         await asyncio.get_running_loop().run_in_executor(None, self.runner.stop)
+        if self.pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.pool.close)
         self._unsubscribe()
         if self.packs is not None:
             self.packs.detach(app)

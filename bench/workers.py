@@ -1,0 +1,213 @@
+"""Worker-pool benchmark: throughput of short CPU-bound jobs on 1 and 2 Ray workers against the
+single-process server, and what the Ray dispatch path adds to each job.
+
+    .venv/bin/python bench/workers.py [--jobs 40] [--rounds 2]
+
+Starts three servers as child processes (`python main.py` wiring, built-in nodes plus a benchmark
+node, temporary base folders, loopback ports), every compute thread count set to one
+(OMP_NUM_THREADS=1 and --worker-threads 1, so each worker uses one core):
+  - "single": as shipped, jobs in one local worker process;
+  - "ray-1":  --workers 1, a local Ray instance with one worker actor;
+  - "ray-2":  --workers 2, two worker actors.
+Measured side by side in one run, the servers taking turns (`--rounds` times, the best round kept):
+  - throughput: 40 jobs (torch matrix products on a 320x320 matrix, ~0.4 s each on one thread, each
+    with its own seed so none is cached) posted at once, from the first POST to the last job's record;
+  - dispatch latency: per-job time, end to end (POST until the client's websocket says the job is
+    over), of a cached no-op prompt run one after the other; ray-1 minus single is what the Ray path
+    adds per job.
+The last line is one JSON object with the figures. The goals on a 2-core machine: >= 1.7x jobs/s from
+ray-1 to ray-2, and <= 20 ms added per job.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.server import SMALL_WORKFLOW, drain, free_port, job_times, percentile  # noqa: E402
+
+NOOP_JOBS = 60  # sequential cached jobs per server per round
+SETUPS = {"single": [], "ray-1": ["--workers", "1", "--worker-threads", "1"],
+          "ray-2": ["--workers", "2", "--worker-threads", "1"]}
+
+
+class BenchMatmul:
+    """A CPU-bound job: `repeats` products of a `size`x`size` matrix with torch (one thread per worker)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"size": ("INT", {"default": 320, "min": 8, "max": 4096}),
+                             "repeats": ("INT", {"default": 40, "min": 1, "max": 10_000}),
+                             "seed": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("FLOAT",)
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "benchmark"
+
+    def run(self, size, repeats, seed):
+        import torch
+
+        from execution.context import current
+
+        ctx = current()
+        generator = torch.Generator().manual_seed(seed)
+        a = torch.rand(size, size, generator=generator)
+        b = torch.rand(size, size, generator=generator)
+        for _ in range(repeats):
+            a = torch.tanh(a @ b)
+            ctx.check_interrupted()
+        total = float(a.sum())
+        return {"ui": {"values": [total]}, "result": (total,)}
+
+
+def bench_runtime(args):
+    """main.Runtime plus the benchmark node (module level: the workers build it too)."""
+    import main as weft_main
+    from nodes.classic import specs_from_mappings
+
+    runtime = weft_main.Runtime(args)
+    runtime.registry.register_all(specs_from_mappings({"BenchMatmul": BenchMatmul}, python_module="bench.workers"),
+                                  origin="bench.workers")
+    return runtime
+
+
+def serve(argv: list[str]) -> int:
+    """The child process: Weft's server with the benchmark node, with the pool its flags ask for."""
+    import main as weft_main
+    from bench.workers import bench_runtime as factory  # by its module name, so workers can import it
+    from web import server
+
+    parser = weft_main.server_parser()
+    args = parser.parse_args(argv)
+    return server.serve(parser, args, factory, worker_pool=weft_main.worker_pool_from_args(parser, args))
+
+
+# ---------------------------------------------------------------------- measuring (parent process)
+def start_child(base: str, extra: list[str]) -> tuple[subprocess.Popen, str, object]:
+    """A benchmark server child process (one compute thread); (process, url, log file)."""
+    import urllib.request
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = Path(base) / "server.log"
+    log = open(log_path, "wb")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--base-directory", base,
+                              "--preview-method", "none", *extra], cwd=ROOT, stdout=log, stderr=log, env=env)
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            urllib.request.urlopen(url + "/prompt", timeout=2).read()
+            return child, url, log
+        except OSError:
+            if child.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                print(log_path.read_text()[-3000:], file=sys.stderr)
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+
+
+def matmul_prompt(seed: int) -> dict:
+    return {"1": {"class_type": "BenchMatmul", "inputs": {"size": 320, "repeats": 40, "seed": seed}}}
+
+
+async def throughput(session, url: str, jobs: int, first_seed: int) -> float:
+    """Jobs per second for `jobs` uncached CPU-bound jobs posted at once."""
+    started = time.perf_counter()
+    for index in range(jobs):
+        async with session.post(url + "/prompt", json={"prompt": matmul_prompt(first_seed + index)}) as response:
+            assert response.status == 200, await response.text()
+    await drain(session, url)
+    return jobs / (time.perf_counter() - started)
+
+
+async def warm(session, url: str, workers: int, seed: int) -> None:
+    """Every worker up with torch loaded and the no-op prompt cached."""
+    for index in range(workers * 2):
+        async with session.post(url + "/prompt", json={"prompt": matmul_prompt(seed + index)}) as response:
+            assert response.status == 200
+    await drain(session, url)
+    await job_times(session, url, 3, f"warm-{seed}")
+
+
+async def measure(urls: dict[str, str], jobs: int, rounds: int) -> dict:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for index, (name, url) in enumerate(urls.items()):
+            await warm(session, url, 2 if name == "ray-2" else 1, seed=10_000 * (index + 1))
+        rates: dict[str, list[float]] = {name: [] for name in urls}
+        latencies: dict[str, list[float]] = {name: [] for name in urls}
+        for round_index in range(rounds):  # taking turns, so every setup sees the same machine load
+            for index, (name, url) in enumerate(urls.items()):
+                seed = 1_000_000 * (round_index + 1) + 1000 * index
+                rates[name].append(await throughput(session, url, jobs, seed))
+                latencies[name] += await job_times(session, url, NOOP_JOBS, f"noop-{name}-{round_index}")
+    figures: dict = {"jobs": jobs, "rounds": rounds, "cpu_count": os.cpu_count()}
+    for name in urls:
+        key = name.replace("-", "")
+        figures[f"{key}_jobs_per_s"] = max(rates[name])
+        figures[f"{key}_jobs_per_s_rounds"] = [round(r, 3) for r in rates[name]]
+        figures[f"{key}_noop_median_ms"] = statistics.median(latencies[name]) * 1000
+        figures[f"{key}_noop_p90_ms"] = percentile(latencies[name], 0.9) * 1000
+    figures["speedup_ray1_to_ray2"] = figures["ray2_jobs_per_s"] / figures["ray1_jobs_per_s"]
+    figures["speedup_single_to_ray2"] = figures["ray2_jobs_per_s"] / figures["single_jobs_per_s"]
+    figures["ray_dispatch_added_ms_per_job"] = figures["ray1_noop_median_ms"] - figures["single_noop_median_ms"]
+    return figures
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        return serve(sys.argv[2:])
+    parser = argparse.ArgumentParser(description="Worker-pool throughput and dispatch latency.")
+    parser.add_argument("--jobs", type=int, default=40, help="CPU-bound jobs per throughput run (default 40)")
+    parser.add_argument("--rounds", type=int, default=2, help="turns each setup gets; the best is kept (default 2)")
+    options = parser.parse_args()
+    children = []
+    bases = {name: tempfile.mkdtemp(prefix=f"weft-bench-{name}-") for name in SETUPS}
+    try:
+        urls = {}
+        for name, extra in SETUPS.items():
+            child, url, log = start_child(bases[name], extra)
+            children.append((child, log))
+            urls[name] = url
+        figures = asyncio.run(measure(urls, options.jobs, options.rounds))
+    finally:
+        for child, log in children:
+            child.terminate()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            log.close()
+        import shutil
+
+        for base in bases.values():
+            shutil.rmtree(base, ignore_errors=True)
+    print(f"{options.jobs} CPU-bound jobs posted at once (one compute thread per worker), best of {options.rounds}")
+    print(f"{'setup':<10}{'jobs/s':>10}{'vs single':>12}{'no-op job median':>20}{'p90':>12}")
+    for name in SETUPS:
+        key = name.replace("-", "")
+        rate = figures[f"{key}_jobs_per_s"]
+        print(f"{name:<10}{rate:>10.2f}{rate / figures['single_jobs_per_s']:>11.2f}x"
+              f"{figures[f'{key}_noop_median_ms']:>17.2f} ms{figures[f'{key}_noop_p90_ms']:>9.2f} ms")
+    print(f"ray-1 -> ray-2 throughput: {figures['speedup_ray1_to_ray2']:.2f}x (goal >= 1.7x)")
+    print(f"added by the Ray dispatch path per cached no-op job: {figures['ray_dispatch_added_ms_per_job']:.2f} ms "
+          "(goal <= 20 ms)")
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
