@@ -74,13 +74,13 @@ class _GuidedModel:
         self.frames = frames
 
     def __call__(self, video, audio, context, sigma_video, sigma_audio, *, context_mask=None, conditions=None,
-                 video_mask=None, audio_mask=None, condition_seed=0):
+                 video_mask=None, audio_mask=None, condition_seed=0, context_tags=None):
         from models.h3 import packing
         from models.h3.sampling import split_conditioning
 
         common = dict(video_mask=video_mask, audio_mask=audio_mask, condition_seed=condition_seed)
         v_pos, a_pos = self.handle(video, audio, context, sigma_video, sigma_audio, context_mask=context_mask,
-                                   conditions=conditions, **common)
+                                   conditions=conditions, context_tags=context_tags, **common)
         hidden, extras = split_conditioning(self.negative)
         b, _, _, lh, lw = video.shape
         items = [packing.condition_items(extras, i, target_frames=self.frames, latent_h=lh + lh % 2,
@@ -88,7 +88,7 @@ class _GuidedModel:
         mask = extras.get("attention_mask")
         v_neg, a_neg = self.handle(video, audio, hidden.to(video.device), sigma_video, sigma_audio,
                                    context_mask=mask.to(video.device) if mask is not None else None,
-                                   conditions=items, **common)
+                                   conditions=items, context_tags=extras.get(packing.TOKEN_TAGS_KEY), **common)
         return v_neg + self.cfg * (v_pos - v_neg), a_neg + self.cfg * (a_pos - a_neg)
 
 

@@ -4,7 +4,9 @@ One forward of the transformer sees one sequence per batch element:
 
     [text | condition rows (keyframes, then references) | target audio | target video]
 
-- text: one row per token at position (token index, 0, 0).
+- text: one row per token at position (token index, 0, 0). Its rows are tagged text, or each token
+  carries its own tag (`text_tags`: the Qwen3-VL encoder tags the tokens of its picture and video
+  blocks as video).
 - keyframe rows (first/last frame, AddGuide): a guide's video latent cut into 1x2x2 patches on the
   target's spatial grid, followed by its audio latent; both start at rotary time
   `origin + 5/3 * frame_index`.
@@ -34,6 +36,7 @@ from models.h3.latents import (AUDIO_CHANNELS, CLIP_FRAMES, CLIP_LATENTS, VIDEO_
                                pixel_frames)
 
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2
+TOKEN_TAGS_KEY = "token_tags"           # CONDITIONING extras: (B, L) long modality tag per text token
 FRAME_UNITS = 5.0 / 3.0                 # clock units per pixel frame (40 units/s at 24 fps)
 VIDEO_CONDITION_T = 0.999               # timestep label (and noise level 1 - t) of visual condition rows
 AUDIO_CONDITION_T = 1.0                 # audio condition rows are clean
@@ -282,6 +285,7 @@ class PackedLayout:
     segments: list[Segment] = field(default_factory=list)
     positions: torch.Tensor | None = None
     origin: float = 0.0
+    text_tags: torch.Tensor | None = None  # (text_len,) long modality tag per text row; None: all text
 
     @property
     def seq_len(self) -> int:
@@ -308,14 +312,24 @@ class _LayoutBuilder:
         self.segments.append(Segment(role, start, start + positions.shape[0], role.tag, item))
         self.positions.append(positions)
 
-    def layout(self, origin: float) -> PackedLayout:
-        return PackedLayout(self.segments, torch.cat(self.positions), origin)
+    def layout(self, origin: float, text_tags: torch.Tensor | None) -> PackedLayout:
+        return PackedLayout(self.segments, torch.cat(self.positions), origin, text_tags)
 
 
 def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, audio_t: int,
-                 items: list[ConditionItem] | None = None) -> PackedLayout:
-    """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames."""
+                 items: list[ConditionItem] | None = None, text_tags: torch.Tensor | None = None) -> PackedLayout:
+    """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames.
+
+    text_tags: the modality tag of each text row (TAG_TEXT or TAG_VIDEO); None tags every text row as text.
+    """
     items = items or []
+    if text_tags is not None:
+        text_tags = torch.as_tensor(text_tags).reshape(-1).long().cpu()
+        if text_tags.numel() != text_len:
+            raise ValueError(f"{text_tags.numel()} token tags for {text_len} text rows")
+        if not bool(((text_tags == TAG_TEXT) | (text_tags == TAG_VIDEO)).all()):
+            raise ValueError(f"token tags must be {TAG_VIDEO} (a picture or video token) or {TAG_TEXT} (text); "
+                             f"got {sorted(set(text_tags.tolist()))}")
     keyframes = [(i, item) for i, item in enumerate(items) if item.role == ConditionRole.KEYFRAME]
     references = [(i, item) for i, item in enumerate(items) if item.role == ConditionRole.REFERENCE]
     target_lanes = frame_coordinates(latent_h, latent_w).lanes
@@ -343,7 +357,7 @@ def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, aud
 
     rows.add(SegmentRole.AUDIO, audio_positions(audio_t, origin, target_lanes))
     rows.add(SegmentRole.VIDEO, video_positions(latent_t, latent_h, latent_w, origin))
-    return rows.layout(origin)
+    return rows.layout(origin, text_tags)
 
 
 def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
@@ -373,6 +387,8 @@ def row_timesteps(layout: PackedLayout, sigma_video: float, sigma_audio: float,
     tags = torch.empty(layout.seq_len, dtype=torch.long)
     for seg in layout.segments:
         tags[seg.start:seg.stop] = seg.tag
+        if seg.role is SegmentRole.TEXT and layout.text_tags is not None:
+            tags[seg.start:seg.stop] = layout.text_tags
         t_rows[seg.start:seg.stop] = masked[seg.role] if seg.role in masked else fixed[seg.role]
     return t_rows, tags
 

@@ -145,7 +145,7 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
 
     model: an H3Transformer (or anything with its forward signature and `config`). conditioning: a
     CONDITIONING list with one [hidden (B, L, D), extras] entry; extras may hold "attention_mask" (B, L),
-    "keyframes" and "references" (models/h3/packing.py). `callback(step, total, denoised)` is called
+    "token_tags" (B, L), "keyframes" and "references" (models/h3/packing.py). `callback(step, total, denoised)` is called
     after each step with the current x0 estimate {"samples", "audio_samples"}; raise from it to interrupt.
     Deterministic for a given seed. video_shift / audio_shift default to the model config's (12 / 3).
     """
@@ -172,6 +172,7 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
     items = [packing.condition_items(extras, i, target_frames=frames, latent_h=lh + lh % 2, latent_w=lw + lw % 2,
                                      audio_t=at) for i in range(b)]
     context_mask = extras.get("attention_mask")
+    context_tags = extras.get(packing.TOKEN_TAGS_KEY)
 
     # Noise masks at row resolution (patch grid / audio frame), then back at latent resolution.
     vm_rows = am_rows = None
@@ -201,7 +202,8 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
         with torch.no_grad():
             v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
                              context_mask=context_mask.to(device) if context_mask is not None else None,
-                             conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed)
+                             conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
+                             **({} if context_tags is None else {"context_tags": context_tags}))
         v_v, v_a = v_v.float().cpu(), v_a.float().cpu()
         # Row sigmas: m * sigma where a noise mask is set. Stepping a row from m*sigma to m*sigma_next with its
         # own velocity is the same as stepping the global sigma with the velocity multiplied by m.

@@ -356,13 +356,14 @@ class H3Transformer(nn.Module):
                 sigma_video: float, sigma_audio: float, *, context_mask: torch.Tensor | None = None,
                 conditions: list[list[packing.ConditionItem]] | None = None,
                 video_mask: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None,
-                condition_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                condition_seed: int = 0, context_tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocities toward data for the targets.
 
         video (B, 24, T, H, W), audio (B, 32, 2, Ta), context (B, L, text_dim) with optional boolean
         context_mask (B, L); sigma_video / sigma_audio: the streams' noise levels; conditions: per batch
         element, the condition items (models/h3/packing.py); video_mask (B, T, ceil(H/2), ceil(W/2)) and
-        audio_mask (B, Ta): per-row noise masks in [0, 1] (1 = generate). Returns float32
+        audio_mask (B, Ta): per-row noise masks in [0, 1] (1 = generate); context_tags (B, L): the modality
+        tag of each text token (packing.TAG_TEXT, or TAG_VIDEO for a picture's tokens; default all text). Returns float32
         (B, 24, T, H, W) and (B, 32, 2, Ta).
         """
         cfg = self.config
@@ -380,25 +381,29 @@ class H3Transformer(nn.Module):
         v_out, a_out = [], []
         for i in range(b):
             text = context[i if context.shape[0] > 1 else 0]
+            tags = None if context_tags is None else context_tags[i if context_tags.shape[0] > 1 else 0]
             if context_mask is not None:
-                text = text[context_mask[i if context_mask.shape[0] > 1 else 0].bool()]
+                keep = context_mask[i if context_mask.shape[0] > 1 else 0].bool()
+                text = text[keep]
+                tags = None if tags is None else tags[keep.to(tags.device)]
             v, a = self._forward_one(
                 video[i], audio[i], text, float(sigma_video), float(sigma_audio),
                 conditions[i] if conditions else [],
                 video_mask[i] if video_mask is not None else None,
-                audio_mask[i] if audio_mask is not None else None, condition_seed)
+                audio_mask[i] if audio_mask is not None else None, condition_seed, tags)
             v_out.append(v[:, :, :h, :w])
             a_out.append(a)
         return torch.stack(v_out), torch.stack(a_out)
 
     def _forward_one(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, sigma_v: float,
                      sigma_a: float, items: list[packing.ConditionItem], video_mask: torch.Tensor | None,
-                     audio_mask: torch.Tensor | None, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     audio_mask: torch.Tensor | None, seed: int,
+                     text_tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         device, dtype = video.device, self.compute_dtype
         _, lt, lh, lw = video.shape
         at = audio.shape[-1]
-        layout = packing.build_layout(text.shape[0], lt, lh, lw, at, items)
+        layout = packing.build_layout(text.shape[0], lt, lh, lw, at, items, text_tags)
         seq = layout.seq_len
 
         t_rows, tags = packing.row_timesteps(layout, sigma_v, sigma_a, video_mask, audio_mask)
