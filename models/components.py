@@ -2,11 +2,16 @@
 
 - MODEL: a `models.patcher.ModelHandle` around the H3 transformer; adapters stack on it and leave the
   shared base weights untouched.
-- CLIP: a `TextEncoder`, the H3 text encoder's handle plus the encodings of recent prompts.
+- CLIP: a `TextEncoder`, the text encoder's handle plus the encodings of recent prompts. Two encoders
+  load: the Qwen3-VL encoder the released H3 models are conditioned on (models/text/qwen3vl.py, its
+  tokenizer read from the `qwen25_tokenizer/` folder beside the file; pictures and videos of a prompt
+  reach it), and Weft's small text-only encoder (models/h3/text_encoder.py) that the tiny default
+  models use. The file's keys say which one it is.
 - VAE: a `VAE`, the H3 video VAE or the H3 audio VAE (`kind`), told apart by the checkpoint's keys.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -36,13 +41,21 @@ def load_diffusion_model(path: Path, name: str) -> Any:
 
 def load_text_encoder(path: Path, name: str, *,
                       embedding_path: Callable[[str], Path] | None = None) -> "TextEncoder":
-    """The H3 text encoder in `path`; `embedding_path(name)` locates the files prompts name as `embedding:name`."""
+    """The text encoder in `path` (Qwen3-VL with its tokenizer, or Weft's small encoder); `embedding_path(name)`
+    locates the files prompts name as `embedding:name` (small encoder only)."""
     from models.adapters.keys import TEXT_ENCODER
     from models.patcher import ModelHandle
 
-    loaded = _load(path, ("h3_text_encoder",))
+    loaded = _load(path, ("h3_text_encoder", "qwen3vl"))
+    tokenizer = None
+    if loaded.kind == "qwen3vl":
+        from models.text.qwen_tokenizer import load_tokenizer_beside
+        try:
+            tokenizer = load_tokenizer_beside(path)
+        except FileNotFoundError as exc:
+            raise ValueError(f"{name}: {exc}") from None
     return TextEncoder(ModelHandle(loaded.model, name=name, component=TEXT_ENCODER), name,
-                       embedding_path=embedding_path)
+                       embedding_path=embedding_path, tokenizer=tokenizer)
 
 
 def load_vae(path: Path, name: str) -> "VAE":
@@ -63,19 +76,45 @@ def read_embedding(path: Path) -> torch.Tensor:
     return next(iter(tensors.values())).float()
 
 
-class TextEncoder:
-    """The value on a CLIP wire: the H3 text encoder's ModelHandle and the encodings of recent prompts.
+def _tensor_digest(tensor: torch.Tensor) -> tuple:
+    """What tells one picture from another in a prompt-cache key: shape, dtype and a hash of the values."""
+    data = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(data.view(torch.uint8).reshape(-1).numpy().tobytes()).hexdigest() if data.numel() else ""
+    return tuple(data.shape), str(data.dtype), digest
 
-    `embedding_path(name)` returns the file of the textual-inversion embedding a prompt calls
-    `embedding:name`, or raises ValueError saying where it looked.
+
+def _reference_key(reference: Any) -> tuple:
+    """A prompt-cache key part for one reference (models/text/qwen_prompt.py): its kind and its content."""
+    image, frames = getattr(reference, "image", None), getattr(reference, "frames", None)
+    if image is not None:
+        return "image", _tensor_digest(image)
+    if frames is not None:
+        return "video", _tensor_digest(frames), tuple(reference.timestamps_s)
+    return (type(reference).__name__,)
+
+
+class TextEncoder:
+    """The value on a CLIP wire: the text encoder's ModelHandle and the encodings of recent prompts.
+
+    With a `tokenizer` the model is Qwen3-VL, which also reads the pictures and videos of a prompt;
+    without one it is Weft's small text-only encoder. `embedding_path(name)` returns the file of the
+    textual-inversion embedding a prompt calls `embedding:name` (small encoder only), or raises
+    ValueError saying where it looked.
     """
 
-    def __init__(self, handle: Any, name: str = "", *, embedding_path: Callable[[str], Path] | None = None) -> None:
+    def __init__(self, handle: Any, name: str = "", *, embedding_path: Callable[[str], Path] | None = None,
+                 tokenizer: Any = None) -> None:
         self.handle = handle  # models.patcher.ModelHandle of component "text_encoder"
         self.name = name
         self.embedding_path = embedding_path
-        self._encoded: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.tokenizer = tokenizer  # models.text.qwen_tokenizer.QwenTokenizer for Qwen3-VL, else None
+        self._encoded: OrderedDict[tuple, tuple[torch.Tensor, dict]] = OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def reads_pictures(self) -> bool:
+        """True when the encoder sees the pictures and videos of a prompt (Qwen3-VL), not only its words."""
+        return self.tokenizer is not None
 
     @property
     def model(self):
@@ -87,7 +126,7 @@ class TextEncoder:
         handle = self.handle.with_adapter(adapter, strength)
         if handle is self.handle:
             return self
-        return TextEncoder(handle, self.name, embedding_path=self.embedding_path)
+        return TextEncoder(handle, self.name, embedding_path=self.embedding_path, tokenizer=self.tokenizer)
 
     def _embeddings(self, text: str) -> tuple[dict[str, torch.Tensor], tuple]:
         """The embeddings `text` names and the versions of their files."""
@@ -104,32 +143,55 @@ class TextEncoder:
             versions.append(file_identity(path))
         return embeddings, tuple(versions)
 
-    def encode(self, text: str, *, node: str = "CLIPTextEncode") -> list:
-        """CONDITIONING for `text`: [[hidden (1, L, D) float32, {"attention_mask": (1, L) bool}]].
+    def encode(self, text: str, *, node: str = "CLIPTextEncode", references: tuple | list = ()) -> list:
+        """CONDITIONING for `text`: [[hidden (1, L, D) float32, {"attention_mask": (1, L) bool, ...}]].
 
-        The result is remembered per (prompt, versions of the embedding files it names); each call
-        returns a fresh outer list and dict, so a caller adding keys does not change what is remembered.
+        references: the pictures, sounds and videos the prompt names, in the order of
+        models/text/qwen_prompt.py (ImageReference, AudioReference, VideoReference). Qwen3-VL lays them
+        out before the prompt and adds "token_tags" (1, L) (0 for a picture's or video's tokens, 1 for
+        text); the small encoder reads the text alone. The result is remembered per (prompt,
+        references, versions of the embedding files it names); each call returns a fresh outer list
+        and dict, so a caller adding keys does not change what is remembered.
         """
         if not isinstance(text, str):
             raise TypeError(f"{node}: text must be a string, got {type(text).__name__}")
+        references = tuple(references) if self.reads_pictures else ()
         try:
-            embeddings, versions = self._embeddings(text)
+            embeddings, versions = self._embeddings(text) if not self.reads_pictures else ({}, ())
+            key = (text, versions, tuple(_reference_key(r) for r in references))
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from None
-        key = (text, versions)
         with self._lock:
             remembered = self._encoded.get(key)
             if remembered is not None:
                 self._encoded.move_to_end(key)
         if remembered is None:
-            with self.handle.active():
-                remembered = self.handle.model.encode([text], embeddings=embeddings or None)
+            try:
+                remembered = self._run(text, embeddings, references)
+            except ValueError as exc:
+                raise ValueError(f"{node}: {exc}") from None
             with self._lock:
                 self._encoded[key] = remembered
                 while len(self._encoded) > PROMPT_CACHE_SIZE:
                     self._encoded.popitem(last=False)
-        hidden, mask = remembered
-        return [[hidden, {"attention_mask": mask}]]
+        hidden, extras = remembered
+        return [[hidden, dict(extras)]]
+
+    def _run(self, text: str, embeddings: dict[str, torch.Tensor], references: tuple) -> tuple[torch.Tensor, dict]:
+        """(hidden (1, L, D) float32, extras) of one prompt, computed by the model."""
+        if not self.reads_pictures:
+            with self.handle.active():
+                hidden, mask = self.handle.model.encode([text], embeddings=embeddings or None)
+            return hidden, {"attention_mask": mask}
+        from models.h3.packing import TOKEN_TAGS_KEY
+        from models.text.qwen_prompt import build_encoder_prompt
+
+        prompt = build_encoder_prompt(self.tokenizer, text, references)
+        with self.handle.active():
+            encoded = self.handle.model.encode(prompt.input_ids, prompt.visual_items)
+        hidden = encoded.hidden[None]
+        return hidden, {"attention_mask": torch.ones(hidden.shape[:2], dtype=torch.bool),
+                        TOKEN_TAGS_KEY: encoded.tags[None]}
 
     def __repr__(self) -> str:
         return f"TextEncoder({self.name!r}, adapters={self.handle.adapters})"

@@ -6,8 +6,11 @@ Keyframes and references are VAE-encoded here and travel in the conditioning's e
 `keyframes` and `references` (the format is in models/h3/__init__.py); the transformer turns them into
 clean condition rows of its packed sequence.
 
-Weft's text encoder reads text only: tags such as <Picture 1> or <Audio 1> stay ordinary words of the
-prompt, and the encoder never sees the images (the released model's Qwen3-VL does).
+With the Qwen3-VL encoder (the released models'), the pictures and videos reach the encoder too, laid
+out before the prompt as the released pipeline does (models/text/qwen_prompt.py): first/last frame
+as "<Picture 1>: " and "<Picture 2>: " blocks of the frames as encoded, references as "<Picture i>: ",
+"<Audio j>: " and "<Video k>: " (the video at 2 frames per second), in that order; their tokens are
+tagged as video for the transformer. Weft's small encoder reads the prompt's text alone.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from media.image import check_image, scale_images
+from models.text.qwen_prompt import AudioReference, ImageReference, VideoReference
 from nodes.latent import LENGTH_TOOLTIP, empty_av_latent, frame_size_input
 from nodes.loaders import check_clip, check_model, check_vae, with_options
 from nodes.spec import Input, NodeSpec, Output
@@ -30,6 +34,7 @@ VIDEO_REFERENCE_MAX_AREA = 1344 * 768
 IMAGE_REFERENCE_MAX_SHORT_SIDE = 2048
 # The video encoder's smallest input: one clip start and one group of four frames.
 VIDEO_REFERENCE_MIN_FRAMES = 5
+REFERENCE_VIDEO_FPS = 24.0  # the frame rate reference videos are taken to have
 
 # ResolutionSelector's choices: label -> (width units, height units).
 ASPECT_RATIOS = {
@@ -110,14 +115,15 @@ def _image_to_video(clip: Any, vae: Any, prompt: str, width: int, height: int, l
     # as it is (all of the picture kept, proportions bent if they differ); the closing frame keeps its
     # proportions, covering the canvas and losing what overhangs.
     ends = [("first_frame", first_frame, 0, "disabled"), ("last_frame", last_frame, frames - 1, "center")]
-    keyframes = []
+    keyframes, pictures = [], []
     for name, image, frame_index, crop in ends:
         if image is None:
             continue
         vae = check_vae(node, vae, "video")
         fitted = _resize(check_image(node, image, name)[:1], width, height, crop)
         keyframes.append({"frame_index": frame_index, "latent": encode_frames(node, vae, fitted, name)})
-    conditioning = clip.encode(prompt, node=node)
+        pictures.append(ImageReference(fitted[0]))
+    conditioning = clip.encode(prompt, node=node, references=pictures)
     if keyframes:
         conditioning = _with_extras(conditioning, keyframes=keyframes)
     return conditioning, latent
@@ -137,6 +143,8 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
     latent = empty_av_latent(node, width, height, length)
     frames, width, height = latent["length"], width - width % 16, height - height % 16
     references: list[dict] = []
+    # What the text encoder is shown, by kind (pictures, sounds, videos are laid out in that order).
+    shown: dict[str, list] = {"image": [], "audio": [], "video": []}
 
     for name, image in (ref_images or {}).items():
         if image is None:
@@ -152,6 +160,7 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
             raise ValueError(f"{node}: ref_image_size {ref_image_size!r} is not 'match' or 'max'")
         resized = _resize(image[:1], *size, "disabled")
         references.append({"kind": "image", "latent": encode_frames(node, vae, resized, f"ref_images.{name}")})
+        shown["image"].append(ImageReference(resized[0]))
 
     soundtracks = {_slot_number(slot, "ref_video_audio_"): audio for slot, audio in (ref_video_audios or {}).items()}
     for name, video in (ref_videos or {}).items():
@@ -174,6 +183,7 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         clip_frames = _resize(video[:usable], *size, "disabled")
         entry = {"kind": "video", "latent": encode_frames(node, vae, clip_frames, f"ref_videos.{name}"),
                  "audio_latent": None}
+        shown["video"].append(VideoReference.sampled(clip_frames, REFERENCE_VIDEO_FPS))
         soundtrack = soundtracks.get(_slot_number(name, "ref_video_"))
         if soundtrack is not None:
             audio_vae = check_vae(node, audio_vae, "audio", "audio_vae")
@@ -186,8 +196,9 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         audio_vae = check_vae(node, audio_vae, "audio", "audio_vae")
         references.append({"kind": "audio",
                            "audio_latent": encode_waveform(node, audio_vae, _first(audio), f"ref_audios.{name}")[:1]})
+        shown["audio"].append(AudioReference())
 
-    conditioning = clip.encode(prompt, node=node)
+    conditioning = clip.encode(prompt, node=node, references=shown["image"] + shown["audio"] + shown["video"])
     if references:
         conditioning = _with_extras(conditioning, references=references)
     return conditioning, latent

@@ -2,8 +2,8 @@
 
 The models folder holds what `python -m models.h3.make_tiny --released-formats` writes: tiny models under
 the released file names, stored as the released files store the real ones (pruned curve-AdaLN int8-convrot
-DiT, int8-convrot video VAE, weight-normalised fp32 audio VAE, bf16 turbo LoRAs; Weft's text encoder
-under the Qwen3-VL file name). The templates come unchanged from the `comfyui-workflow-templates-json`
+DiT, int8-convrot video VAE, weight-normalised fp32 audio VAE, bf16 turbo LoRAs, a tiny nvfp4 Qwen3-VL text
+encoder with its tiny tokenizer folder). The templates come unchanged from the `comfyui-workflow-templates-json`
 package (test extra). A run changes only values a user edits in the template's own widgets: the
 resolution selector's megapixels (0.4 -> its minimum, 0.1), the duration (5 s -> 0.2 s: 5 frames; the
 multi-frame template's guide times scaled with it, so its three guides land on frames 1, 3 and 4), the
@@ -50,7 +50,7 @@ def released_models(tmp_path_factory) -> Path:
 
 
 def link_tree(source: Path, target: Path) -> None:
-    for path in source.rglob("*.safetensors"):
+    for path in (p for p in source.rglob("*") if p.is_file()):  # the weights and the tokenizer folder
         dest = target / path.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not dest.exists():
@@ -117,6 +117,18 @@ def fit_to_tiny(prompt: dict, seconds: float, frames: int, *, turbo: bool) -> di
             set_value(node_id, "value", min(scaled, last_frame_time))
     return changed
 
+
+
+def encoded_tags(env: H3Env):
+    """The token tags of the prompt the run's Qwen3-VL encoder encoded (its only remembered prompt)."""
+    from models.cache import ModelCache
+    from models.components import TextEncoder
+    from models.h3.packing import TOKEN_TAGS_KEY
+    clips = [v for v in env.runtime.shared("model_cache", ModelCache)._entries.values() if isinstance(v, TextEncoder)]
+    (clip,) = clips
+    assert clip.reads_pictures
+    ((_, extras),) = clip._encoded.values()
+    return extras[TOKEN_TAGS_KEY][0]
 
 
 def run_template(env: H3Env, name: str, *, turbo: bool) -> tuple[object, dict, dict]:
@@ -190,4 +202,9 @@ def test_template_runs_end_to_end_on_released_formats(env, name, turbo):
         assert executed.count("MiniMaxH3AddGuide") == 3
     if name in (I2V, I2V_CONTINUATION, R2V, MULTIFRAME):
         assert "LoadImage" in executed
+    if name in (T2V, R2V):
+        # The text encoder saw the reference pictures: one block of picture tokens (tag 0) per picture.
+        tags = encoded_tags(env)
+        blocks = int(((tags[1:] == 0) & (tags[:-1] == 1)).sum()) + int(tags[0] == 0)
+        assert blocks == (2 if name == R2V else 0)
     assert all(key.endswith((".megapixels", ".value")) for key in changed)

@@ -14,8 +14,10 @@ H3 templates load, each a tiny random model stored the way the released file sto
 - `minimax_h3_audio_vae_fp32`: the audio VAE in float32, its convolutions weight-normalised
   (`weight_g` / `weight_v`) as the original training checkpoint stores them.
 - `minimax_h3_{fl2v_turbo_8step_v1.0,ref2v_turbo_4step_v0.1}_comfyui_bf16`: bfloat16 LoRAs on the DiT.
-- `qwen3vl_32b_minimax_h3_nvfp4_awq`: Weft's tiny text encoder under the released name (the released
-  Qwen3-VL encoder's own format is not written here).
+- `qwen3vl_32b_minimax_h3_nvfp4_awq`: a tiny Qwen3-VL (language model and vision tower) stored as the
+  released encoder is: the language model's linears in nvfp4 (AWQ `pre_quant_scale` on o_proj and
+  down_proj), the token table in int8, the vision tower in bfloat16, a few layers and no final norm;
+  beside it, in text_encoders/qwen25_tokenizer/, the tiny tokenizer the project trains itself.
 
 Rotation groups are per layer, as in the released files: the largest power of 4 up to 256 that divides
 the layer's input width (the tiny widths give 64 where the released files use 256). The weights are
@@ -146,12 +148,6 @@ def lora_bytes(transformer_bytes: bytes, seed: int, rank: int = 2, scale: float 
     return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE})
 
 
-def text_encoder_bytes() -> bytes:
-    """Weft's tiny text encoder file (stands in for the released Qwen3-VL encoder until that loads)."""
-    from models.h3.make_tiny import _tiny_file_bytes
-    return _tiny_file_bytes("text_encoder")
-
-
 def build_tiny_qwen3vl(seed: int = QWEN3VL_SEED):
     """The tiny Qwen3-VL (models/text/qwen3vl.py TINY_CONFIG) with deterministic random float32 weights."""
     from models.text.qwen3vl import TINY_CONFIG, Qwen3VL
@@ -210,5 +206,7 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
     put("vae", VIDEO_VAE_INT8, video_vae_bytes(quantized=True))
     put("vae", VIDEO_VAE_FP16, video_vae_bytes(quantized=False))
     put("vae", AUDIO_VAE, audio_vae_bytes())
-    put("text_encoders", TEXT_ENCODER, text_encoder_bytes())
+    put("text_encoders", TEXT_ENCODER, qwen3vl_bytes())
+    from models.text.qwen_tokenizer import TOKENIZER_FOLDER, write_tiny_tokenizer
+    written[TOKENIZER_FOLDER] = write_tiny_tokenizer(root / "text_encoders" / TOKENIZER_FOLDER)
     return written
