@@ -135,7 +135,7 @@ def _slot_number(name: str, prefix: str) -> str:
 
 
 def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width: int, height: int, length: int,
-                        ref_image_size: str = "match", ref_images: dict | None = None, ref_videos: dict | None = None,
+                        ref_image_size: str, ref_images: dict | None = None, ref_videos: dict | None = None,
                         ref_video_audios: dict | None = None, ref_audios: dict | None = None,
                         ref_video_size: str = "official") -> tuple[list, dict]:
     node = "MiniMaxH3ReferenceToVideo"

@@ -258,7 +258,7 @@ def _frame_range_masks(samples: dict, start_frame: int, frame_count: int) -> tup
 
 
 # ---------------------------------------------------------------------- saved conditioning
-def _save_conditioning(conditioning: list, filename_prefix: str = "conditioning/ComfyUI", prompt: Any = None,
+def _save_conditioning(conditioning: list, filename_prefix: str, prompt: Any = None,
                        extra_pnginfo: Any = None) -> NodeOutput:
     node = "MiniMaxH3SaveConditioning"
     conditioning = check_conditioning(node, conditioning, "conditioning")

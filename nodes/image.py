@@ -49,7 +49,7 @@ def _write_pngs(node: str, images: torch.Tensor, prefix: str, kind: str, compres
     return written
 
 
-def _save_image(images: torch.Tensor, filename_prefix: str = "ComfyUI", prompt: Any = None,
+def _save_image(images: torch.Tensor, filename_prefix: str, prompt: Any = None,
                 extra_pnginfo: Any = None) -> NodeOutput:
     written = _write_pngs("SaveImage", images, filename_prefix, "output", PNG_COMPRESS_LEVEL,
                           file_metadata(prompt, extra_pnginfo))
@@ -62,7 +62,7 @@ def _preview_image(images: torch.Tensor, prompt: Any = None, extra_pnginfo: Any 
     return NodeOutput.of(images, ui={"images": written})
 
 
-def _empty_image(width: int, height: int, batch_size: int = 1, color: int = 0) -> tuple[torch.Tensor]:
+def _empty_image(width: int, height: int, batch_size: int, color: int) -> tuple[torch.Tensor]:
     red, green, blue = (color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF
     rgb = torch.tensor([red, green, blue], dtype=torch.float32) / 255.0
     return (rgb.expand(batch_size, height, width, 3).contiguous(),)
@@ -81,7 +81,7 @@ def _image_scale(image: torch.Tensor, upscale_method: str, width: int, height: i
 
 
 def _image_scale_to_total_pixels(image: torch.Tensor, upscale_method: str, megapixels: float,
-                                 resolution_steps: int = 1) -> tuple[torch.Tensor]:
+                                 resolution_steps: int) -> tuple[torch.Tensor]:
     image = check_image("ImageScaleToTotalPixels", image)
     source_h, source_w = image.shape[1], image.shape[2]
     # One factor for both sides, so the area becomes megapixels * 2^20 and the proportions stay.

@@ -87,7 +87,7 @@ def _empty_latent_av(width: int, height: int, length: int) -> tuple[dict]:
     return (empty_av_latent("EmptyMiniMaxH3LatentAV", width, height, length),)
 
 
-def _empty_latent_image(width: int, height: int, batch_size: int = 1) -> tuple[dict]:
+def _empty_latent_image(width: int, height: int, batch_size: int) -> tuple[dict]:
     from models.h3 import empty_image_latent
 
     try:
@@ -108,7 +108,7 @@ def _separate_av_latent(av_latent: dict) -> tuple[dict, dict]:
     return video, audio
 
 
-def _save_latent(samples: dict, filename_prefix: str = "latents/ComfyUI", prompt: Any = None,
+def _save_latent(samples: dict, filename_prefix: str, prompt: Any = None,
                  extra_pnginfo: Any = None) -> NodeOutput:
     latent = check_latent("SaveLatent", samples, need=())
     if not any(isinstance(latent.get(key), torch.Tensor) for key in ("samples", "audio_samples")):

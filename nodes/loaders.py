@@ -140,7 +140,7 @@ def _keep_shifts(before: Any, after: Any) -> Any:
     return after
 
 
-def _unet_loader(unet_name: str, weight_dtype: str = "default") -> tuple[Any]:
+def _unet_loader(unet_name: str, weight_dtype: str) -> tuple[Any]:
     if weight_dtype != "default":
         raise ValueError(f"UNETLoader: weight_dtype {weight_dtype!r} is not available; Weft keeps the H3 transformer "
                          "in the dtype its file stores (float8 files are widened to bfloat16), so choose 'default'")
@@ -148,7 +148,7 @@ def _unet_loader(unet_name: str, weight_dtype: str = "default") -> tuple[Any]:
     return (_loaded("UNETLoader", "unet", path, lambda: load_diffusion_model(path, unet_name)),)
 
 
-def _clip_loader(clip_name: str, type: str = "stable_diffusion", device: str = "default") -> tuple[TextEncoder]:
+def _clip_loader(clip_name: str, type: str, device: str = "default") -> tuple[TextEncoder]:
     problem = _clip_type_problem(type)
     if problem:
         raise ValueError(problem)

@@ -46,7 +46,7 @@ def _load_video(file: Path) -> tuple[Video]:
         raise ValueError(f"LoadVideo: {exc}") from None
 
 
-def _save_video(video: Video, filename_prefix: str = "video/ComfyUI", format: str = "auto", codec: str = "auto",
+def _save_video(video: Video, filename_prefix: str, format: str, codec: str,
                 prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
     video = check_video("SaveVideo", video)
     ctx = current()
@@ -61,7 +61,7 @@ def _save_video(video: Video, filename_prefix: str = "video/ComfyUI", format: st
                                     "animated": (True,)})
 
 
-def _concatenate_video(videos: dict, codec: Any = "auto", complete_audio: Any = None) -> tuple[Video]:
+def _concatenate_video(videos: dict, codec: Any, complete_audio: Any = None) -> tuple[Video]:
     # Declared input_is_list, so every input, widgets included, arrives as a list.
     node = "ConcatenateVideo"
     clips = [check_video(node, clip, name) for name, slot in videos.items() for clip in _as_list(slot)]
@@ -113,7 +113,7 @@ def _write_flacs(node: str, audio: dict, prefix: str, kind: str, metadata: dict)
     return written
 
 
-def _save_audio(audio: dict, filename_prefix: str = "audio/ComfyUI", prompt: Any = None,
+def _save_audio(audio: dict, filename_prefix: str, prompt: Any = None,
                 extra_pnginfo: Any = None) -> NodeOutput:
     written = _write_flacs("SaveAudio", audio, filename_prefix, "output", file_metadata(prompt, extra_pnginfo))
     return NodeOutput.of(audio, ui={"audio": written})

@@ -187,7 +187,7 @@ def _sampler_custom_advanced(noise: Noise, guider: Guider, sampler: Sampler, sig
 
 
 def _ksampler(model: Any, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str, positive: list,
-              negative: list, latent_image: dict, denoise: float = 1.0) -> tuple[dict]:
+              negative: list, latent_image: dict, denoise: float) -> tuple[dict]:
     node = "KSampler"
     model = check_model(node, model)
     schedule = _schedule(node, model, scheduler, steps, denoise)

@@ -57,8 +57,8 @@ def _vae_decode(samples: dict, vae: Any) -> tuple[torch.Tensor]:
     return (frames.reshape(-1, *frames.shape[2:]),)
 
 
-def _vae_decode_tiled(samples: dict, vae: Any, tile_size: int = 512, overlap: int = 64, temporal_size: int = 64,
-                      temporal_overlap: int = 8) -> tuple[torch.Tensor]:
+def _vae_decode_tiled(samples: dict, vae: Any, tile_size: int, overlap: int, temporal_size: int,
+                      temporal_overlap: int) -> tuple[torch.Tensor]:
     vae = check_vae("VAEDecodeTiled", vae, "video")
     latent = check_latent("VAEDecodeTiled", samples)["samples"]
     # The decoder's attention positions are relative to a window of the size it was trained on, so no

@@ -103,3 +103,20 @@ def test_searched_folder_reads_a_name_or_a_function():
     assert Input.combo("f", ["a"], folder="input").searched_folder() == "input"
     assert Input.combo("f", ["a"], folder=lambda: "models/vae").searched_folder() == "models/vae"
     assert Input.combo("f", ["a"]).searched_folder() is None
+
+
+def test_builtin_nodes_state_a_required_input_default_once():
+    """A required input always arrives with a value, so its default lives in the declaration alone; only an
+    optional input, which a prompt may leave out, also needs one in execute."""
+    import inspect
+
+    from nodes.registry import builtin_registry
+
+    twice = []
+    for spec in builtin_registry():
+        for param in inspect.signature(spec.execute).parameters.values():
+            declared = spec.input(param.name)
+            if (declared is not None and declared.kind == "required" and "default" in declared.options
+                    and param.default is not param.empty):
+                twice.append(f"{spec.node_id}.{param.name}")
+    assert twice == []
