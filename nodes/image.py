@@ -136,7 +136,7 @@ def _multiple_cover(batch: torch.Tensor, multiple: int, method: str) -> torch.Te
     return scaled[:, top:top + target_h, left:left + target_w]
 
 
-def _resize_image_mask(input: torch.Tensor, resize_type: dict, scale_method: str = "area") -> tuple[torch.Tensor]:
+def _resize_image_mask(input: torch.Tensor, resize_type: dict, scale_method: str) -> tuple[torch.Tensor]:
     node = "ResizeImageMaskNode"
     batch = _image_or_mask(node, input, "input")
     choice = resize_type.get("resize_type")

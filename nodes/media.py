@@ -77,8 +77,8 @@ def _concatenate_video(videos: dict, codec: Any, complete_audio: Any = None) -> 
         raise ValueError(f"{node}: {exc}") from None
 
 
-def _video_slice(video: Video, start_time: float = 0.0, duration: float = 0.0,
-                 strict_duration: bool = False) -> tuple[Video]:
+def _video_slice(video: Video, start_time: float, duration: float,
+                 strict_duration: bool) -> tuple[Video]:
     node = "Video Slice"
     video = check_video(node, video)
     if start_time == 0 and duration == 0:

@@ -39,13 +39,13 @@ def _clip(frames=24, rate=24, seconds=1.0):
 
 def test_video_slice_keeps_the_frames_and_sound_of_the_stretch():
     clip = _clip()
-    (whole,) = _video_slice(clip)
+    (whole,) = _video_slice(clip, 0.0, 0.0, False)
     assert whole is clip                                     # the templates' [0, 0, false]: unchanged
-    (part,) = _video_slice(clip, 0.25, 0.5)
+    (part,) = _video_slice(clip, 0.25, 0.5, False)
     parts = part.get_components()
     assert torch.equal(parts.images, clip.images[6:18])
     assert torch.equal(parts.audio["waveform"], clip.audio["waveform"][..., 8000:24000])
-    (tail,) = _video_slice(clip, 0.5)
+    (tail,) = _video_slice(clip, 0.5, 0.0, False)
     assert tail.get_frame_count() == 12
 
 
@@ -54,7 +54,7 @@ def test_video_slice_refusals_name_the_node():
     with pytest.raises(ValueError, match="Video Slice: .*strict_duration"):
         _video_slice(clip, 0.5, 1.0, True)
     with pytest.raises(ValueError, match="Video Slice: .*nothing of it starts"):
-        _video_slice(clip, 2.0)
+        _video_slice(clip, 2.0, 0.0, False)
 
 
 @pytest.mark.parametrize("shape, size, expected", [((1, 30, 60, 3), 1024, (512, 1024)), ((2, 60, 30), 20, (20, 10)),
@@ -68,18 +68,18 @@ def test_resize_scales_the_longer_side_of_images_and_masks(shape, size, expected
 
 def test_resize_other_types():
     image = torch.rand(1, 30, 50, 3)
-    (out,) = _resize_image_mask(image, {"resize_type": "scale dimensions", "width": 20, "height": 0, "crop": "center"})
+    (out,) = _resize_image_mask(image, {"resize_type": "scale dimensions", "width": 20, "height": 0, "crop": "center"}, "area")
     assert tuple(out.shape) == (1, 12, 20, 3)
-    (out,) = _resize_image_mask(image, {"resize_type": "scale by multiplier", "multiplier": 0.5})
+    (out,) = _resize_image_mask(image, {"resize_type": "scale by multiplier", "multiplier": 0.5}, "area")
     assert tuple(out.shape) == (1, 15, 25, 3)
-    (out,) = _resize_image_mask(image, {"resize_type": "scale shorter dimension", "shorter_size": 60})
+    (out,) = _resize_image_mask(image, {"resize_type": "scale shorter dimension", "shorter_size": 60}, "area")
     assert tuple(out.shape) == (1, 60, 100, 3)
-    (out,) = _resize_image_mask(image, {"resize_type": "scale to multiple", "multiple": 16})
+    (out,) = _resize_image_mask(image, {"resize_type": "scale to multiple", "multiple": 16}, "area")
     assert tuple(out.shape) == (1, 16, 48, 3)
-    (out,) = _resize_image_mask(image, {"resize_type": "match size", "match": torch.rand(2, 7, 9), "crop": "center"})
+    (out,) = _resize_image_mask(image, {"resize_type": "match size", "match": torch.rand(2, 7, 9), "crop": "center"}, "area")
     assert tuple(out.shape) == (1, 7, 9, 3)
     with pytest.raises(ValueError, match="ResizeImageMaskNode: resize_type 'sideways'"):
-        _resize_image_mask(image, {"resize_type": "sideways"})
+        _resize_image_mask(image, {"resize_type": "sideways"}, "area")
 
 
 def test_text_to_image_through_the_av_split(h3):
