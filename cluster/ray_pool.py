@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import os
+import pickle
 import queue
 import re
 import shutil
@@ -80,6 +82,16 @@ def _devices() -> list[str]:
     return [f"gpu:{i}" for i in ray.get_gpu_ids()] or ["cpu"]
 
 
+def _picklable(value: Any) -> Any:
+    """`value` when it pickles, else what the websocket would show of it (a node's UI output may hold
+    anything; one that does not pickle must not end the worker's message stream)."""
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        return json.loads(json.dumps(value, default=repr))
+
+
 class _ActorConnection:
     """The pipe `_WorkerHost` expects, over two queues; ships the job's files back as bytes."""
 
@@ -101,11 +113,13 @@ class _ActorConnection:
             files = self._take_reported(message[2].get("output") or {})
             if files:
                 self.outbox.put(("files", files))
+            message = ("event", "executed", _picklable(message[2]))
         elif kind == "result":
             outcome = message[1]
             files = [item for item in (self._take(Path(final), Path(staged)) for staged, final in outcome.staged)
                      if item is not None]
             outcome.staged = []
+            outcome.outputs = _picklable(outcome.outputs)
             if files:
                 self.outbox.put(("files", files))
         self.outbox.put(message)

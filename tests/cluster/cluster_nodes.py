@@ -42,6 +42,11 @@ def _copy_input(source, value: int) -> dict:
     return {"ui": {"files": [{"filename": name, "subfolder": subfolder, "type": "output"}]}, "result": (value,)}
 
 
+def _odd_output(value: int) -> dict:
+    """A UI output holding something that does not pickle (a function), as a careless node might."""
+    return {"ui": {"values": [value], "odd": [lambda: value]}, "result": (value,)}
+
+
 def _checkpoint_folders() -> str:
     return ", ".join(str(p) for p in current().paths.model_dirs("checkpoints"))
 
@@ -65,6 +70,9 @@ CLUSTER_NODES = [
              execute=_copy_input, output_node=True,
              inputs=[Input.file("source", folder="input", extensions=(".txt",)), Input.int("value", 0)],
              outputs=[Output("INT")], python_module="tests.cluster.cluster_nodes"),
+    NodeSpec(node_id="ClusterOddOutput", display_name="Cluster Odd Output", category="testing",
+             description="Shows a value that does not pickle.", execute=_odd_output, output_node=True,
+             inputs=[Input.int("value", 0)], outputs=[Output("INT")], python_module="tests.cluster.cluster_nodes"),
 ]
 
 
