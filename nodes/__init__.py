@@ -17,6 +17,7 @@ BUILTIN_PACKS = (
     "nodes.vae",
     "nodes.h3",
     "nodes.h3_control",
+    "nodes.attention",
 )
 
 

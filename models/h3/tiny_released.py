@@ -9,6 +9,8 @@ H3 templates load, each a tiny random model stored the way the released file sto
   of 1025 rows x 8 in float32 and no time embedder; `adaln_proj` in float16), its block linears in
   int8 with a Hadamard rotation and per-layer `.comfy_quant` markers, the rest bfloat16 except the
   float32 patch projections, output heads and RoPE frequencies.
+- `fastvideo_fasth3_8step_v2_pruned_int8_convrot`, `fasth3_omniref_8step_pruned_int8_convrot`: the same
+  pruned DiT with FastH3's `attn.to_gate_compress` in every block (bfloat16, not quantized).
 - `minimax_h3_video_vae_int8_convrot`: the video VAE with its decoder's transformer linears in int8
   (rotated), the rest float16; `minimax_h3_video_vae_fp16`: the same model in float16.
 - `minimax_h3_audio_vae_fp32`: the audio VAE in float32, its convolutions weight-normalised
@@ -47,6 +49,9 @@ PRUNED_TINY_CONFIG = dataclasses.replace(transformer.TINY_CONFIG, adaln_curve_po
 
 TRANSFORMERS = {"minimax_h3_fl2va_pruned_int8_convrot.safetensors": 2001,
                 "minimax_h3_ref2va_pruned_int8_convrot.safetensors": 2002}
+# FastH3 (VSA-distilled) DiTs: the pruned form plus each block's to_gate_compress.
+FASTH3_TRANSFORMERS = {"fastvideo_fasth3_8step_v2_pruned_int8_convrot.safetensors": 2003,
+                       "fasth3_omniref_8step_pruned_int8_convrot.safetensors": 2004}
 LORAS = {"minimax_h3_fl2v_turbo_8step_v1.0_comfyui_bf16.safetensors": "minimax_h3_fl2va_pruned_int8_convrot.safetensors",
          "minimax_h3_ref2v_turbo_4step_v0.1_comfyui_bf16.safetensors": "minimax_h3_ref2va_pruned_int8_convrot.safetensors"}
 VIDEO_VAE_INT8 = "minimax_h3_video_vae_int8_convrot.safetensors"
@@ -60,9 +65,9 @@ QWEN3VL_AWQ_LAYERS = (".self_attn.o_proj.weight", ".mlp.down_proj.weight")
 LORA_TARGETS = r"blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
 
 
-def build_pruned_transformer(seed: int) -> transformer.H3Transformer:
+def build_pruned_transformer(seed: int, *, gate_compress: bool = False) -> transformer.H3Transformer:
     """A tiny curve-form (pruned) H3 transformer with deterministic weights and a smooth adaln_t_table."""
-    model = transformer.H3Transformer(PRUNED_TINY_CONFIG)
+    model = transformer.H3Transformer(dataclasses.replace(PRUNED_TINY_CONFIG, gate_compress=gate_compress))
     _init_weights(model, seed)
     # The released table samples a smooth curve of t in [0, 1]; a few random sinusoids stand in for it.
     gen = torch.Generator("cpu").manual_seed(seed + 1)
@@ -81,9 +86,9 @@ def _stored_dtype(key: str) -> torch.dtype:
     return torch.float16 if ".adaln_proj." in key else torch.bfloat16
 
 
-def pruned_transformer_bytes(seed: int) -> bytes:
+def pruned_transformer_bytes(seed: int, *, gate_compress: bool = False) -> bytes:
     """The safetensors bytes of a tiny pruned int8-convrot DiT (see the module docstring)."""
-    model = build_pruned_transformer(seed)
+    model = build_pruned_transformer(seed, gate_compress=gate_compress)
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     tensors, _ = quantize_state_dict(state, RELEASED_INT8_LAYERS["h3_transformer"], "int8_tensorwise",
                                      rotation_group=ROTATION_GROUP)
@@ -201,6 +206,8 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
     for name, seed in TRANSFORMERS.items():
         dit_bytes[name] = pruned_transformer_bytes(seed)
         put("diffusion_models", name, dit_bytes[name])
+    for name, seed in FASTH3_TRANSFORMERS.items():
+        put("diffusion_models", name, pruned_transformer_bytes(seed, gate_compress=True))
     for n, (name, base) in enumerate(LORAS.items()):
         put("loras", name, lora_bytes(dit_bytes[base], seed=2100 + n))
     put("vae", VIDEO_VAE_INT8, video_vae_bytes(quantized=True))
