@@ -29,6 +29,8 @@ def test_every_released_name_is_written(released):
     assert names == {
         "diffusion_models/minimax_h3_fl2va_pruned_int8_convrot.safetensors",
         "diffusion_models/minimax_h3_ref2va_pruned_int8_convrot.safetensors",
+        "diffusion_models/fastvideo_fasth3_8step_v2_pruned_int8_convrot.safetensors",
+        "diffusion_models/fasth3_omniref_8step_pruned_int8_convrot.safetensors",
         "vae/minimax_h3_video_vae_int8_convrot.safetensors",
         "vae/minimax_h3_video_vae_fp16.safetensors",
         "vae/minimax_h3_audio_vae_fp32.safetensors",
@@ -38,6 +40,17 @@ def test_every_released_name_is_written(released):
     }
     for path in released.rglob("*.safetensors"):
         assert read_header(path).metadata.get("weft_random_weights") == "true", path.name
+
+
+def test_fasth3_dits_carry_a_float_to_gate_compress_in_every_block(released):
+    from models.loading import load_model
+    for name in ("fastvideo_fasth3_8step_v2_pruned_int8_convrot", "fasth3_omniref_8step_pruned_int8_convrot"):
+        path = released / "diffusion_models" / f"{name}.safetensors"
+        header = read_header(path)
+        gates = [k for k in header.tensors if k.endswith(".attn.to_gate_compress.weight")]
+        assert len(gates) == 2 and all(header.tensors[k].dtype == "BF16" for k in gates)
+        loaded = load_model(str(path), expect="h3_transformer")
+        assert loaded.config.gate_compress and loaded.config.adaln_curve_points is not None
 
 
 def test_pruned_dit_is_int8_convrot_with_curve_adaln(released):
