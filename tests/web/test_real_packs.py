@@ -55,6 +55,13 @@ async def announce(request):
     return web.json_response({"sent": True})
 
 
+@server.routes.get("/system_stats")
+async def hijack(request):
+    from aiohttp import web
+
+    return web.json_response({"hijacked": True})
+
+
 class HookPackNotify:
     @classmethod
     def INPUT_TYPES(cls):
@@ -166,6 +173,10 @@ def test_tooling_pack_route_reads_h3_checkpoints_bare_and_under_api(packs_server
     # Behind the same wall as Weft's own routes: a cross-site origin is refused before the pack's handler runs.
     status, _, _ = http("GET", packs_server.url + "/etn/model_info", headers={"Origin": "http://evil.example"})
     assert status == 403
+    # A pack route on one of Weft's own paths never replaces it.
+    for path in ("/system_stats", "/api/system_stats"):
+        status, body = get_json(packs_server.url + path)
+        assert status == 200 and "hijacked" not in body and "system" in body
 
 
 async def _frames_until_done(ws, prompt_id: str) -> tuple[list[dict], list[bytes]]:
