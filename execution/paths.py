@@ -10,6 +10,7 @@ from typing import Any
 
 MODEL_FOLDERS = (
     "checkpoints", "diffusion_models", "vae", "text_encoders", "loras", "embeddings", "upscale_models",
+    "model_patches",
 )
 MODEL_EXTENSIONS = (".safetensors", ".sft")
 

@@ -8,6 +8,7 @@
   reach it), and Weft's small text-only encoder (models/h3/text_encoder.py) that the tiny default
   models use. The file's keys say which one it is.
 - VAE: a `VAE`, the H3 video VAE or the H3 audio VAE (`kind`), told apart by the checkpoint's keys.
+- MODEL_PATCH: a `ModelPatch`, extra weights a node adds to the diffusion model (the H3 Fun ControlNet).
 """
 from __future__ import annotations
 
@@ -63,6 +64,22 @@ def load_vae(path: Path, name: str) -> "VAE":
     loaded = _load(path, ("h3_video_vae", "h3_audio_vae"))
     return VAE("video" if loaded.kind == "h3_video_vae" else "audio", loaded.model, name, path=path,
                metadata=loaded.metadata)
+
+
+class ModelPatch:
+    """The value on a MODEL_PATCH wire: a loaded model patch (`net`, an H3 Fun ControlNet) and its file name."""
+
+    def __init__(self, net: torch.nn.Module, name: str = "") -> None:
+        self.net = net
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ModelPatch({self.name!r})"
+
+
+def load_model_patch(path: Path, name: str) -> ModelPatch:
+    """The model patch in `path` (an H3 Fun ControlNet-Union file)."""
+    return ModelPatch(_load(path, ("h3_fun_control",)).model, name)
 
 
 def read_embedding(path: Path) -> torch.Tensor:

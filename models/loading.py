@@ -13,6 +13,8 @@ Architectures (detected by keys, optionally under a prefix such as `model.diffus
 - qwen3vl: `visual.deepstack_merger_list.0.norm.weight` + `model.layers.0.self_attn.q_proj.weight` (the
   Qwen3-VL encoder H3 is conditioned on; Hugging Face's `model.language_model.` / `model.visual.` names are
   read as `model.` / `visual.`)
+- h3_fun_control: `control_proj_in.weight` + `control_blocks.0.after_proj.weight` (the Fun ControlNet-Union
+  model patch; its metadata gives the injection layers and the modulation form)
 """
 from __future__ import annotations
 
@@ -40,11 +42,13 @@ ARCHITECTURES = {
     "h3_audio_vae": ("pre_block.attn.qkv.weight", "decoder.conv_pre.weight"),
     "h3_text_encoder": ("embed_tokens.weight", "layers.0.attn.qkv_proj.weight"),
     "qwen3vl": ("visual.deepstack_merger_list.0.norm.weight", "model.layers.0.self_attn.q_proj.weight"),
+    "h3_fun_control": ("control_proj_in.weight", "control_blocks.0.after_proj.weight"),
 }
 # Architectures whose config recovery also reads the file's metadata (what shapes cannot say).
-CONFIG_READS_METADATA = ("qwen3vl",)
+CONFIG_READS_METADATA = ("qwen3vl", "h3_fun_control")
 SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 video VAE, H3 audio VAE, "
-                  "H3 text encoder, Qwen3-VL text encoder; as .safetensors in float32, float16, bfloat16, unscaled "
+                  "H3 text encoder, Qwen3-VL text encoder, H3 Fun ControlNet patch; as .safetensors in float32, float16, "
+                  "bfloat16, unscaled "
                   "float8, or with layers quantized in ComfyUI's formats (int8_tensorwise with or without convrot, nvfp4, float8 with "
                   "scales, mxfp8)")
 # Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
@@ -353,8 +357,17 @@ def text_encoder_config(shapes: dict[str, tuple]):
                              ffn_size=_need(shapes, "layers.0.mlp.fc2.weight", what)[1])
 
 
+def fun_control_config(shapes: dict[str, tuple], metadata: dict[str, str]):
+    """FunControlConfig recovered from (unprefixed) tensor shapes and the file's metadata."""
+    from models.h3 import fun_control
+    for key in fun_control.DETECTION_KEYS:
+        _need(shapes, key, "H3 Fun ControlNet patch")
+    return fun_control.fun_control_config(shapes, metadata)
+
+
 def _builders():
     from models.h3.audio_vae import AudioVAE
+    from models.h3.fun_control import FunControlNet
     from models.h3.text_encoder import TextEncoder
     from models.h3.transformer import H3Transformer
     from models.h3.video_vae import VideoVAE
@@ -365,6 +378,7 @@ def _builders():
         "h3_audio_vae": (audio_vae_config, AudioVAE),
         "h3_text_encoder": (text_encoder_config, TextEncoder),
         "qwen3vl": (config_from_shapes, Qwen3VL),
+        "h3_fun_control": (fun_control_config, FunControlNet),
     }
 
 
@@ -388,6 +402,9 @@ def _float32_key(kind: str, key: str, config: object = None) -> bool:
         # float32, as the reference runs them, since the whole modulation of every block flows from them.
         curve = getattr(config, "adaln_curve_points", None) is not None
         return key.startswith(FLOAT32_PREFIXES) or (curve and ".adaln_proj." in f".{key}")
+    if kind == "h3_fun_control":
+        # The hint projection runs in float32, and curve-form modulation too (as in the base model).
+        return key.startswith("control_proj_in.") or (getattr(config, "curve_form", False) and ".adaln_proj." in key)
     # VAEs and statistics buffers: normalisation statistics stay float32.
     return key in ("latents_mean", "latents_std")
 

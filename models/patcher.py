@@ -31,6 +31,9 @@ from models.adapters.keys import MODEL
 Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
 PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
 
+# Option of a diffusion-model handle: the block hooks (models/h3/transformer.py's BlockHook) its forward runs.
+BLOCK_HOOKS = "block_hooks"
+
 # The patch set of the model handle whose forward is running.
 _active: contextvars.ContextVar[PatchMap | None] = contextvars.ContextVar("weft_active_patches", default=None)
 # The options of the model handle whose forward is running (how it attends, for one).

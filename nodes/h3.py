@@ -22,7 +22,7 @@ import torch
 from media.image import check_image, scale_images
 from models.text.qwen_prompt import AudioReference, ImageReference, VideoReference
 from nodes.latent import LENGTH_TOOLTIP, empty_av_latent, frame_size_input
-from nodes.loaders import check_clip, check_model, check_vae, with_options
+from nodes.loaders import check_clip, check_model, check_model_patch, check_vae, keep_shifts, with_options
 from nodes.spec import Input, NodeSpec, Output
 from nodes.vae import encode_frames, encode_waveform
 
@@ -216,6 +216,56 @@ def _sigma_shift(model: Any, shift_video: float, shift_audio: float) -> tuple[An
     return (with_options(model, h3_shifts=(float(shift_video), float(shift_audio))),)
 
 
+def percent_sigma(percent: float, shift: float) -> float:
+    """The video sigma reached `percent` of the way through sampling: 1 at 0, 0 at 1, shifted between."""
+    from models.h3.sampling import shifted_sigma
+
+    if percent <= 0.0:
+        return 1.0
+    if percent >= 1.0:
+        return 0.0
+    return float(shifted_sigma(1.0 - percent, shift))
+
+
+def _fun_controlnet_apply(model: Any, model_patch: Any, vae: Any, strength: float, start_percent: float,
+                          end_percent: float, control_video: torch.Tensor | None = None,
+                          mask: torch.Tensor | None = None, source_video: torch.Tensor | None = None) -> tuple[Any]:
+    from models.h3.fun_control import FunControlHook
+    from models.patcher import BLOCK_HOOKS
+    from nodes.sampling import model_shifts
+
+    node = "MiniMaxH3FunControlNetApply"
+    model = check_model(node, model)
+    patch = check_model_patch(node, model_patch)
+    if strength == 0 or (control_video is None and mask is None):
+        return (model,)
+    vae = check_vae(node, vae, "video")
+    if control_video is not None:
+        control_video = check_image(node, control_video, "control_video")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 3):
+            raise TypeError(f"{node}: input 'mask' takes a MASK (frames, height, width); got "
+                            f"{getattr(mask, 'shape', type(mask).__name__)}")
+        if source_video is not None:
+            source_video = check_image(node, source_video, "source_video")
+    else:
+        source_video = None  # only read behind a mask
+    video_shift, _ = model_shifts(model)
+
+    def encode(frames: torch.Tensor) -> torch.Tensor:
+        try:
+            return vae.model.encode(frames)
+        except ValueError as exc:
+            raise ValueError(f"{node}: {exc}") from None
+
+    hook = FunControlHook(patch.net, encode, lambda frames, w, h: scale_images(frames, w, h, "bilinear", "center"),
+                          strength=strength, sigma_start=percent_sigma(start_percent, video_shift),
+                          sigma_end=percent_sigma(end_percent, video_shift), control_video=control_video, mask=mask,
+                          source_video=source_video)
+    hooks = (*model.options.get(BLOCK_HOOKS, ()), hook)
+    return (keep_shifts(model, model.with_options(**{BLOCK_HOOKS: hooks})),)
+
+
 def _resolution_selector(aspect_ratio: str, megapixels: float, multiple: int = 8,
                          minimum: int = 256) -> tuple[int, int]:
     if aspect_ratio not in ASPECT_RATIOS:
@@ -309,6 +359,32 @@ NODES = [
         ],
         outputs=[Output("MODEL")],
         search_aliases=("sigma shift", "minimax shift"),
+    ),
+    NodeSpec(
+        node_id="MiniMaxH3FunControlNetApply", display_name="Apply MiniMax H3 Fun ControlNet",
+        category="model/patch/minimax", python_module=_MODULE,
+        description="Makes a MiniMax H3 model follow a control video (pose, depth, edges...) and / or repaint the "
+                    "masked part of a source video, through a Fun ControlNet-Union patch. Strength 0, or neither "
+                    "a control video nor a mask, leaves the model as it is.",
+        execute=_fun_controlnet_apply,
+        inputs=[
+            Input.link("model", "MODEL"),
+            Input.link("model_patch", "MODEL_PATCH", tooltip="The Fun ControlNet-Union patch from ModelPatchLoader."),
+            Input.link("vae", "VAE", tooltip="The H3 video VAE; it encodes the control and source videos."),
+            Input.float("strength", 1.0, min=0.0, max=10.0, step=0.01,
+                        tooltip="How strongly the patch steers the picture; the sound is never touched directly."),
+            Input.float("start_percent", 0.0, min=0.0, max=1.0, step=0.001,
+                        tooltip="Share of the sampling done before the patch starts acting."),
+            Input.float("end_percent", 1.0, min=0.0, max=1.0, step=0.001,
+                        tooltip="Share of the sampling done when the patch stops acting."),
+            Input.link("control_video", "IMAGE", optional=True,
+                       tooltip="Frames to follow; fitted to the output's size, the last repeated if too few."),
+            Input.link("mask", "MASK", optional=True, tooltip="1 marks the regions to regenerate."),
+            Input.link("source_video", "IMAGE", optional=True,
+                       tooltip="Video behind the mask; only read when a mask is given."),
+        ],
+        outputs=[Output("MODEL")],
+        search_aliases=("minimax controlnet", "h3 controlnet", "video inpaint controlnet"),
     ),
     NodeSpec(
         node_id="ResolutionSelector", display_name="Resolution Selector", category="utils",

@@ -90,8 +90,8 @@ def reference_count_problem(images: int, videos: int, audios: int) -> str | None
     if total > REFERENCE_TOTAL_MAX:
         return (f"{total} references given ({images} images, {videos} videos, {audios} audios); at most "
                 f"{REFERENCE_TOTAL_MAX} are allowed in all")
-    if images == 0 and videos == 0:
-        return "reference generation needs at least one reference image or video (ref_images / ref_videos)"
+    # No reference at all is allowed: the official Fun ControlNet template generates from the prompt and
+    # the control video alone.
     return None
 
 

@@ -13,7 +13,9 @@ from typing import Any, Callable
 from execution.context import current
 from execution.paths import UnsafePathError
 from models.cache import ModelCache, file_identity
-from models.components import TextEncoder, VAE, load_diffusion_model, load_text_encoder, load_vae
+from models.components import (
+    ModelPatch, TextEncoder, VAE, load_diffusion_model, load_model_patch, load_text_encoder, load_vae,
+)
 from nodes.spec import Input, NodeSpec, Output
 
 UNET_WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
@@ -124,6 +126,14 @@ def check_model(node: str, model: Any) -> Any:
     return model
 
 
+def check_model_patch(node: str, patch: Any) -> ModelPatch:
+    """`patch` when it is a MODEL_PATCH from ModelPatchLoader; an error naming the node otherwise."""
+    if not isinstance(patch, ModelPatch):
+        raise TypeError(f"{node}: input 'model_patch' takes a MODEL_PATCH from ModelPatchLoader; got "
+                        f"{type(patch).__name__}")
+    return patch
+
+
 def with_options(handle: Any, **options: Any) -> Any:
     """A shallow copy of a ModelHandle with `options` set as attributes; base weights and patches are shared."""
     clone = copy.copy(handle)
@@ -132,8 +142,8 @@ def with_options(handle: Any, **options: Any) -> Any:
     return clone
 
 
-def _keep_shifts(before: Any, after: Any) -> Any:
-    # Stacking an adapter makes a new handle; the sampling shifts chosen for the old one still apply.
+def keep_shifts(before: Any, after: Any) -> Any:
+    """`after` carrying `before`'s sampling shifts: a node that makes a new handle keeps the shifts chosen."""
     shifts = getattr(before, "h3_shifts", None)
     if after is not before and shifts is not None and getattr(after, "h3_shifts", None) != shifts:
         after = with_options(after, h3_shifts=shifts)
@@ -192,6 +202,11 @@ def _vae_loader(vae_name: str) -> tuple[VAE]:
     return (vae,)
 
 
+def _model_patch_loader(name: str) -> tuple[ModelPatch]:
+    path = _model_file("ModelPatchLoader", "model_patches", name)
+    return (_loaded("ModelPatchLoader", "model_patch", path, lambda: load_model_patch(path, name)),)
+
+
 def _adapter(node: str, lora_name: str):
     from models.adapters import load_adapter
 
@@ -211,7 +226,7 @@ def _lora_loader_model_only(model: Any, lora_name: str, strength_model: float) -
     if strength_model == 0:
         return (model,)
     adapter = _adapter("LoraLoaderModelOnly", lora_name)
-    return (_keep_shifts(model, _stack("LoraLoaderModelOnly", model, adapter, strength_model, "model")),)
+    return (keep_shifts(model, _stack("LoraLoaderModelOnly", model, adapter, strength_model, "model")),)
 
 
 def _lora_loader(model: Any, clip: Any, lora_name: str, strength_model: float,
@@ -223,7 +238,7 @@ def _lora_loader(model: Any, clip: Any, lora_name: str, strength_model: float,
     adapter = _adapter("LoraLoader", lora_name)
     new_model = model
     if strength_model != 0:
-        new_model = _keep_shifts(model, _stack("LoraLoader", model, adapter, strength_model, "model"))
+        new_model = keep_shifts(model, _stack("LoraLoader", model, adapter, strength_model, "model"))
     new_clip = clip if strength_clip == 0 else _stack("LoraLoader", clip, adapter, strength_clip, "text encoder")
     return new_model, new_clip
 
@@ -304,5 +319,16 @@ NODES = [
         ],
         outputs=[Output("MODEL")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
+    ),
+    NodeSpec(
+        node_id="ModelPatchLoader", display_name="Load Model Patch", category="advanced/loaders",
+        python_module="comfy_extras.nodes_model_patch",
+        description="Reads a model patch from models/model_patches: the MiniMax H3 Fun ControlNet-Union, which "
+                    "MiniMaxH3FunControlNetApply adds to an H3 model. Its layers and modulation form come "
+                    "from the file.",
+        execute=_model_patch_loader,
+        inputs=[_model_choice("name", "model_patches", "Model patch file to load.")],
+        outputs=[Output("MODEL_PATCH")],
+        fingerprint=_file_fingerprint("model_patches", "name"),
     ),
 ]

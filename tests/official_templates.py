@@ -16,3 +16,15 @@ def official_template(name: str) -> dict:
     """The parsed UI workflow `name` from the installed template package."""
     folder = resources.files("comfyui_workflow_templates_json") / "templates"
     return json.loads((folder / name).read_text(encoding="utf-8"))
+
+
+def template_names() -> list[str]:
+    """Every template file name the installed package holds."""
+    folder = resources.files("comfyui_workflow_templates_json") / "templates"
+    return sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".json"))
+
+
+def local_h3_templates() -> list[str]:
+    """The H3 templates that run on local models: names with `minimax_h3` or `fasth3`, not the `api_` ones."""
+    return [name for name in template_names()
+            if ("minimax_h3" in name or "fasth3" in name) and not name.startswith("api_")]

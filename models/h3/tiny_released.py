@@ -2,7 +2,7 @@
 
     python -m models.h3.make_tiny --released-formats [--models-dir DIR]
 
-writes, under DIR's diffusion_models/, vae/, text_encoders/ and loras/ folders, the files the official
+writes, under DIR's diffusion_models/, vae/, text_encoders/, loras/ and model_patches/ folders, the files the official
 H3 templates load, each a tiny random model stored the way the released file stores the real one:
 
 - `minimax_h3_{fl2va,ref2va}_pruned_int8_convrot`: the pruned DiT (curve-form AdaLN: an `adaln_t_table`
@@ -16,6 +16,11 @@ H3 templates load, each a tiny random model stored the way the released file sto
 - `minimax_h3_audio_vae_fp32`: the audio VAE in float32, its convolutions weight-normalised
   (`weight_g` / `weight_v`) as the original training checkpoint stores them.
 - `minimax_h3_{fl2v_turbo_8step_v1.0,ref2v_turbo_4step_v0.1}_comfyui_bf16`: bfloat16 LoRAs on the DiT.
+- `minimax_h3_fun_controlnet_union_pruned_int8_convrot` (model_patches/): a Fun ControlNet-Union patch for
+  the pruned DiT, one control block per tiny DiT layer (`control_blocks_places` [0, 1]), curve-form
+  modulation (`minimax_h3_fun_controlnet: adaln_basis`), block linears in int8 convrot, the float32 hint
+  projection, float16 modulation and the rest bfloat16 (the released file's exact layout is not
+  published; this follows the pruned DiT's).
 - `qwen3vl_32b_minimax_h3_nvfp4_awq`: a tiny Qwen3-VL (language model and vision tower) stored as the
   released encoder is: the language model's linears in nvfp4 (AWQ `pre_quant_scale` on o_proj and
   down_proj), the token table in int8, the vision tower in bfloat16, a few layers and no final norm;
@@ -58,6 +63,8 @@ VIDEO_VAE_INT8 = "minimax_h3_video_vae_int8_convrot.safetensors"
 VIDEO_VAE_FP16 = "minimax_h3_video_vae_fp16.safetensors"
 AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
 TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
+FUN_CONTROL = "minimax_h3_fun_controlnet_union_pruned_int8_convrot.safetensors"
+FUN_CONTROL_LAYERS = r"control_blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
 QWEN3VL_SEED = 2004
 # The released encoder's nvfp4 layers, and those of them that carry an AWQ pre_quant_scale.
 QWEN3VL_NVFP4_LAYERS = r"model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
@@ -153,6 +160,31 @@ def lora_bytes(transformer_bytes: bytes, seed: int, rank: int = 2, scale: float 
     return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE})
 
 
+def fun_control_bytes(seed: int = 2201) -> bytes:
+    """A tiny Fun ControlNet-Union patch for the tiny pruned DiT (see the module docstring)."""
+    from models.h3.fun_control import CURVE_FORM, FORM_METADATA, PLACES_METADATA, FunControlConfig, FunControlNet
+    base = PRUNED_TINY_CONFIG
+    places = tuple(range(base.num_layers))
+    config = FunControlConfig(hidden_size=base.hidden_size, num_heads=base.num_heads, head_dim=base.head_dim,
+                              ffn_size=base.ffn_size, time_embed_dim=base.time_embed_dim, injection_layers=places,
+                              curve_form=True)
+    model = FunControlNet(config)
+    _init_weights(model, seed)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    tensors, _ = quantize_state_dict(state, FUN_CONTROL_LAYERS, "int8_tensorwise", rotation_group=ROTATION_GROUP)
+    out = {}
+    for key, value in tensors.items():
+        if key not in state or not value.is_floating_point():
+            out[key] = value                                   # codes, scales and markers as written
+        elif key.startswith("control_proj_in."):
+            out[key] = value
+        else:
+            out[key] = value.to(torch.float16 if ".adaln_proj." in key else torch.bfloat16)
+    metadata = _metadata("fun_control", config, "pruned int8 convrot")
+    metadata.update({PLACES_METADATA: json.dumps(list(places)), FORM_METADATA: CURVE_FORM})
+    return save_safetensors(out, metadata=metadata)
+
+
 def build_tiny_qwen3vl(seed: int = QWEN3VL_SEED):
     """The tiny Qwen3-VL (models/text/qwen3vl.py TINY_CONFIG) with deterministic random float32 weights."""
     from models.text.qwen3vl import TINY_CONFIG, Qwen3VL
@@ -216,4 +248,5 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
     put("text_encoders", TEXT_ENCODER, qwen3vl_bytes())
     from models.text.qwen_tokenizer import TOKENIZER_FOLDER, write_tiny_tokenizer
     written[TOKENIZER_FOLDER] = write_tiny_tokenizer(root / "text_encoders" / TOKENIZER_FOLDER)
+    put("model_patches", FUN_CONTROL, fun_control_bytes())
     return written

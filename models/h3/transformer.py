@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -300,6 +300,25 @@ def _noised_visual_condition(rows: torch.Tensor, seed: int) -> torch.Tensor:
     return (1.0 - sigma) * rows + sigma * noise.to(rows.device)
 
 
+@dataclass
+class BlockContext:
+    """What a block hook sees of one forward over one packed sequence (one batch element)."""
+    layout: packing.PackedLayout
+    t_emb: torch.Tensor                          # the timestep embeddings the modulation rows index
+    rows: RowModulation                          # each row's modulation row
+    rope: tuple[torch.Tensor, torch.Tensor]      # rotary cos, sin per row
+    sigma_video: float                           # the video stream's noise level this step
+    latent_size: tuple[int, int, int]            # (T', H, W) of the target video latent, before padding
+    num_layers: int                              # blocks of the model
+
+
+class BlockHook(Protocol):
+    """Something that runs between the transformer's blocks (the Fun ControlNet patch is one)."""
+
+    def begin(self, context: BlockContext) -> Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """For one forward: a function (block index, block input, block output) -> the output passed on, or None."""
+
+
 # Parameters kept in float32 whatever the model dtype (the checkpoint's float32 island).
 FLOAT32_PREFIXES = ("video_patch_proj.", "audio_patch_proj.", "time_embedder.", "adaln_t_table",
                     "rope.", "final_layer.video_out.", "final_layer.audio_out.")
@@ -363,7 +382,8 @@ class H3Transformer(nn.Module):
         context_mask (B, L); sigma_video / sigma_audio: the streams' noise levels; conditions: per batch
         element, the condition items (models/h3/packing.py); video_mask (B, T, ceil(H/2), ceil(W/2)) and
         audio_mask (B, Ta): per-row noise masks in [0, 1] (1 = generate); context_tags (B, L): the modality
-        tag of each text token (packing.TAG_TEXT, or TAG_VIDEO for a picture's tokens; default all text). Returns float32
+        tag of each text token (packing.TAG_TEXT, or TAG_VIDEO for a picture's tokens; default all text). The running MODEL
+        handle's options may add block hooks (`models.patcher.BLOCK_HOOKS`, see BlockHook). Returns float32
         (B, 24, T, H, W) and (B, 32, 2, Ta).
         """
         cfg = self.config
@@ -390,7 +410,7 @@ class H3Transformer(nn.Module):
                 video[i], audio[i], text, float(sigma_video), float(sigma_audio),
                 conditions[i] if conditions else [],
                 video_mask[i] if video_mask is not None else None,
-                audio_mask[i] if audio_mask is not None else None, condition_seed, tags)
+                audio_mask[i] if audio_mask is not None else None, condition_seed, tags, (t, h, w))
             v_out.append(v[:, :, :h, :w])
             a_out.append(a)
         return torch.stack(v_out), torch.stack(a_out)
@@ -398,7 +418,8 @@ class H3Transformer(nn.Module):
     def _forward_one(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, sigma_v: float,
                      sigma_a: float, items: list[packing.ConditionItem], video_mask: torch.Tensor | None,
                      audio_mask: torch.Tensor | None, seed: int,
-                     text_tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     text_tags: torch.Tensor | None = None,
+                     latent_size: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         device, dtype = video.device, self.compute_dtype
         _, lt, lh, lw = video.shape
@@ -428,11 +449,16 @@ class H3Transformer(nn.Module):
                 x[seg.start:seg.stop] = self._proj(self.audio_patch_proj, rows).to(dtype)
 
         rope = self.rope_tables(layout.positions, device)
-        from models.patcher import active_options
+        from models.patcher import BLOCK_HOOKS, active_options
         sparse = sparse_attention.sparse_call(active_options().get("sparse_attention"), layout, sigma_v,
                                               (lt, lh, lw), has_gate=cfg.gate_compress, device=device)
+        context = BlockContext(layout, t_emb, mod, rope, sigma_v, latent_size or (lt, lh, lw), len(self.blocks))
+        runs = [run for hook in active_options().get(BLOCK_HOOKS, ()) if (run := hook.begin(context)) is not None]
         for index, block in enumerate(self.blocks):
-            x = block(x, t_emb, mod, rope, sparse if sparse is not None and sparse.applies(index) else None)
+            out = block(x, t_emb, mod, rope, sparse if sparse is not None and sparse.applies(index) else None)
+            for run in runs:
+                out = run(index, x, out)
+            x = out
 
         vs, as_ = layout.segment(Role.VIDEO), layout.segment(Role.AUDIO)
         v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), Role.VIDEO)
