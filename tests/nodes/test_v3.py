@@ -410,7 +410,7 @@ def node_errors(registry, prompt) -> dict:
     return refused.value.node_errors
 
 
-class Hidden(io.ComfyNode):
+class HiddenReader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(node_id="V3Hidden", inputs=[io.String.Input("label")], outputs=[io.String.Output()],
@@ -424,7 +424,7 @@ class Hidden(io.ComfyNode):
 
 
 def test_hidden_inputs_reach_the_node_on_cls_hidden(paths):
-    registry = registry_with(Hidden)
+    registry = registry_with(HiddenReader)
     prompt = {"7": {"class_type": "V3Hidden", "inputs": {"label": "x"}},
               "8": {"class_type": "PreviewAny", "inputs": {"source": ["7", 0]}}}
     executor = Executor(registry, cache=make_cache("classic"), paths=paths)
@@ -432,7 +432,7 @@ def test_hidden_inputs_reach_the_node_on_cls_hidden(paths):
     result = executor.run(validated, prompt_id="p", extra_data={"extra_pnginfo": {"workflow": "W"}})
     assert result.status == "success", result.error
     assert result.outputs["8"]["text"] == ["x 7 ['7', '8'] W None"]  # dynprompt was not asked for
-    assert Hidden.hidden is None  # each call runs on its own subclass; the node's class is left alone
+    assert HiddenReader.hidden is None  # each call runs on its own subclass; the node's class is left alone
 
 
 class Shows(io.ComfyNode):
