@@ -102,11 +102,11 @@ def _tensor_digest(tensor: torch.Tensor) -> tuple:
 
 def _reference_key(reference: Any) -> tuple:
     """A prompt-cache key part for one reference (models/text/qwen_prompt.py): its kind and its content."""
-    image, frames = getattr(reference, "image", None), getattr(reference, "frames", None)
-    if image is not None:
-        return "image", _tensor_digest(image)
-    if frames is not None:
-        return "video", _tensor_digest(frames), tuple(reference.timestamps_s)
+    from models.text.qwen_prompt import ImageReference, VideoReference
+    if isinstance(reference, ImageReference):
+        return "image", _tensor_digest(reference.image)
+    if isinstance(reference, VideoReference):
+        return "video", _tensor_digest(reference.frames), tuple(reference.timestamps_s)
     return (type(reference).__name__,)
 
 

@@ -1,7 +1,8 @@
 """Conditioning nodes: a text prompt turned into CONDITIONING by the encoder on the CLIP wire.
 
 CONDITIONING is a list holding one `[hidden (B, L, D), extras]` pair (see models/h3/__init__.py): the
-extras carry the `attention_mask`, and the H3 nodes add `keyframes` and `references` to them.
+extras carry the `attention_mask` (and, from the Qwen3-VL encoder, the `token_tags`), and the H3 nodes add
+`keyframes` and `references` to them.
 """
 from __future__ import annotations
 

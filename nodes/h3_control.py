@@ -27,6 +27,7 @@ from execution.errors import node_error
 from execution.paths import atomic_write_bytes
 from media.audio import check_audio, resample_waveform
 from media.image import check_image, scale_images
+from models.h3.packing import TOKEN_TAGS_KEY
 from nodes.files import file_metadata, output_target
 from nodes.latent import check_latent, serialize_safetensors
 from nodes.loaders import check_model, check_vae
@@ -40,6 +41,7 @@ SPATIAL_RATIO = 16             # pixels per latent pixel
 CONDITIONING_EXTENSION = ".safetensors"
 CONDITIONING_KEY = "conditioning"          # (B, L, D) float32 hidden states in a saved conditioning file
 CONDITIONING_MASK_KEY = "attention_mask"   # (B, L) bool, True for real tokens
+CONDITIONING_TAGS_KEY = TOKEN_TAGS_KEY       # (B, L) int64 modality per token (Qwen3-VL: 0 picture/video, 1 text)
 # MiniMaxH3ReferenceToVideo's limits: per kind, in all, and what a reference generation needs.
 REFERENCE_GROUPS = {"ref_images": ("images", 9), "ref_videos": ("videos", 3), "ref_audios": ("audios", 3)}
 REFERENCE_TOTAL_MAX = 12
@@ -271,6 +273,9 @@ def _save_conditioning(conditioning: list, filename_prefix: str, prompt: Any = N
     mask = extras.get("attention_mask")
     if isinstance(mask, torch.Tensor):
         tensors[CONDITIONING_MASK_KEY] = mask.detach().bool().contiguous().cpu()
+    tags = extras.get(TOKEN_TAGS_KEY)
+    if isinstance(tags, torch.Tensor):
+        tensors[CONDITIONING_TAGS_KEY] = tags.detach().long().contiguous().cpu()
     metadata = {k: json.dumps(v, sort_keys=True, default=str) for k, v in file_metadata(prompt, extra_pnginfo).items()}
     metadata["width"] = str(int(hidden.shape[-1]))
     path, filename, subfolder = output_target("output", filename_prefix, CONDITIONING_EXTENSION[1:])
@@ -279,7 +284,8 @@ def _save_conditioning(conditioning: list, filename_prefix: str, prompt: Any = N
 
 
 def read_conditioning_file(path: Any, *, node: str = "MiniMaxH3LoadConditioning") -> list:
-    """A saved conditioning file (safetensors: `conditioning` (B, L, D) or (L, D), optional `attention_mask`)."""
+    """A saved conditioning file (safetensors: `conditioning` (B, L, D) or (L, D), optional `attention_mask` and
+    `token_tags`)."""
     from safetensors.torch import load_file
 
     try:
@@ -300,7 +306,14 @@ def read_conditioning_file(path: Any, *, node: str = "MiniMaxH3LoadConditioning"
     if mask.numel() != hidden.shape[0] * hidden.shape[1]:
         raise ValueError(f"{node}: {path.name}: '{CONDITIONING_MASK_KEY}' of shape {tuple(mask.shape)} does not match "
                          f"the hidden states {tuple(hidden.shape)}")
-    return [[hidden.float(), {"attention_mask": mask.bool().reshape(hidden.shape[:2])}]]
+    extras = {"attention_mask": mask.bool().reshape(hidden.shape[:2])}
+    tags = tensors.get(CONDITIONING_TAGS_KEY)
+    if tags is not None:
+        if tags.numel() != hidden.shape[0] * hidden.shape[1]:
+            raise ValueError(f"{node}: {path.name}: '{CONDITIONING_TAGS_KEY}' of shape {tuple(tags.shape)} does not "
+                             f"match the hidden states {tuple(hidden.shape)}")
+        extras[TOKEN_TAGS_KEY] = tags.long().reshape(hidden.shape[:2])
+    return [[hidden.float(), extras]]
 
 
 def _load_conditioning(model: Any, conditioning: Path) -> tuple[list]:

@@ -13,7 +13,8 @@ LATENT (one value carries both streams)::
      "audio_noise_mask": optional audio mask (T_a,), (B, T_a), (B, C, T_a) or (B, C, 2, T_a)}
 
 CONDITIONING: a list with one ``[hidden Tensor[B, L, D], extras dict]`` entry. extras may hold
-``"attention_mask"`` (bool Tensor[B, L], True for real tokens), ``"keyframes"`` (list of
+``"attention_mask"`` (bool Tensor[B, L], True for real tokens), ``"token_tags"`` (long Tensor[B, L], the
+modality of each token: 0 for the Qwen3-VL encoder's picture and video tokens, 1 for text), ``"keyframes"`` (list of
 ``{"frame_index": int (negative from the end), "latent": Tensor[B|1, 24, t, h, w] | None,
 "audio_latent": Tensor[B|1, 32, 2, t] | None}``; video on the target's latent grid) and ``"references"``
 (list of ``{"kind": "image"|"video"|"audio", "latent": ... | None, "audio_latent": ... | None}``).

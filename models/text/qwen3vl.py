@@ -42,7 +42,7 @@ from torch import nn
 
 from models import ops
 from models.h3.layers import attention, compute_device
-from models.memory import stream_blocks, using
+from models.memory import stream_blocks
 
 VISION_START_ID = 151652
 VISION_END_ID = 151653
@@ -495,6 +495,13 @@ class Qwen3VL(nn.Module):
             raise ValueError(f"the prompt has {len(runs)} vision blocks, but the visual inputs fill {run_index}")
         return grids, tokens, deep
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        # A float table is taken in its stored dtype and only the looked-up rows are widened (a float32
+        # copy of a 151,936-row table would cost twice its size); a quantized table decodes its rows itself.
+        table = self.model.embed_tokens
+        quantized = getattr(table, "holds_quantized_weights", False)
+        return table(ids, dtype=torch.float32 if quantized else table.weight.dtype).float()
+
     def encode(self, input_ids: torch.Tensor | Sequence[int], visuals: Sequence[VisualInput | tuple] = (), *,
                keep_layers: bool = False) -> EncodedPrompt:
         """The residual stream after the last layer (L, hidden) in float32 and the modality tags (L,) of a prompt.
@@ -511,7 +518,7 @@ class Qwen3VL(nn.Module):
         device = compute_device(self)
         with torch.no_grad():
             grids, tokens, deep = self._vision_tokens(ids, visuals)
-            x = self.model.embed_tokens(ids.to(device), dtype=torch.float32)  # (L, hidden)
+            x = self._embed(ids.to(device))  # (L, hidden) float32
             deep_rows = []
             if tokens:
                 x = x.clone()

@@ -382,6 +382,17 @@ def test_saved_conditioning_loads_back_instead_of_the_text_encoder(env):
     assert "holds no 'conditioning' tensor" in env.run_error(loaded_prompt)[1]
 
 
+def test_saved_conditioning_keeps_its_token_tags(tmp_path):
+    from nodes.h3_control import read_conditioning_file
+    path = tmp_path / "tagged.safetensors"
+    save_file({"conditioning": torch.randn(1, 4, 48), "token_tags": torch.tensor([[1, 0, 0, 1]])}, str(path))
+    ((hidden, extras),) = read_conditioning_file(path)
+    assert hidden.shape == (1, 4, 48) and extras["token_tags"].tolist() == [[1, 0, 0, 1]]
+    save_file({"conditioning": torch.randn(1, 4, 48), "token_tags": torch.tensor([[1, 0]])}, str(path))
+    with pytest.raises(ValueError, match="'token_tags' of shape"):
+        read_conditioning_file(path)
+
+
 # ---------------------------------------------------------------------- reference limits
 def reference_prompt(images: int = 0, videos: int = 0, audios: int = 0) -> dict:
     prompt = t2va_prompt(width=64, height=32, length=5, save_video=False)

@@ -164,3 +164,13 @@ def test_hugging_face_key_names_load_the_same_model(reference, tmp_path):
     ids, image, video = prompt()
     visuals = [VisualInput(image, IMAGE_GRID), VisualInput(video, VIDEO_GRID)]
     assert torch.equal(hf_model.encode(ids, visuals).hidden, released.encode(ids, visuals).hidden)
+
+
+def test_layers_after_the_fiftieth_are_not_loaded(reference, tmp_path):
+    # A whole Qwen3-VL file (64 layers in the 32B release) is read up to layer 50, the one H3 conditions on.
+    state = released_state(reference, 1)
+    layer0 = {k: v for k, v in state.items() if k.startswith("model.layers.0.")}
+    for n in range(1, 52):
+        state.update({k.replace("model.layers.0.", f"model.layers.{n}."): v.clone() for k, v in layer0.items()})
+    model = load_model(str(write(tmp_path / "long.safetensors", state))).model
+    assert model.config.num_layers == 50 and len(model.model.layers) == 50
