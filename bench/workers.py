@@ -13,7 +13,8 @@ Measured side by side in one run, the servers taking turns (`--rounds` times, th
   - throughput: 40 jobs (200 torch products of 320x320 matrices, ~0.3 s each on one thread, each
     with its own seed so none is cached) posted at once, from the first POST to the last job's record;
     and the mean number of jobs running at once (their summed run times over the wall time), which
-    shows whether the workers ran side by side however busy the machine is;
+    shows whether the workers ran side by side however busy the machine is, and each job's CPU
+    time over its wall time (below 100%: other processes took the cores);
   - dispatch latency: per-job time, end to end (POST until the client's websocket says the job is
     over), of a cached no-op prompt run one after the other; ray-1 minus single is what the Ray path
     adds per job.
@@ -127,10 +128,11 @@ def matmul_prompt(seed: int) -> dict:
     return {"1": {"class_type": "BenchMatmul", "inputs": {"size": 320, "repeats": REPEATS, "seed": seed}}}
 
 
-async def throughput(session, url: str, jobs: int, first_seed: int) -> tuple[float, float]:
-    """(jobs per second, mean number of jobs running at once) for `jobs` uncached CPU-bound jobs posted
-    at once. The second figure does not depend on how fast the machine is: it shows whether the
-    workers ran side by side."""
+async def throughput(session, url: str, jobs: int, first_seed: int) -> tuple[float, float, float]:
+    """(jobs per second, mean number of jobs running at once, CPU share of a job's node) for `jobs`
+    uncached CPU-bound jobs posted at once. The last two do not depend on how busy the machine is
+    the same way: jobs at once shows whether the workers ran side by side, the CPU share (node CPU
+    time over its wall time) how much of a core each got."""
     started = time.perf_counter()
     ids = []
     for index in range(jobs):
@@ -144,12 +146,14 @@ async def throughput(session, url: str, jobs: int, first_seed: int) -> tuple[flo
     failed = [i for i in ids if history.get(i, {}).get("status", {}).get("status_str") != "success"]
     if failed:
         raise SystemExit(f"{url}: {len(failed)} of {jobs} jobs did not succeed, e.g. {history.get(failed[0])}")
-    running_ms = 0
+    running_ms, cpu_ms, wall_ms = 0, 0.0, 0.0
     for prompt_id in ids:
         async with session.get(url + f"/jobs/{prompt_id}") as response:
             detail = await response.json()
         running_ms += detail["execution_end_time"] - detail["execution_start_time"]
-    return jobs / elapsed, running_ms / 1000 / elapsed
+        cpu_ms += detail["profile"]["nodes"]["1"]["cpu_ms"]
+        wall_ms += detail["profile"]["nodes"]["1"]["wall_ms"]
+    return jobs / elapsed, running_ms / 1000 / elapsed, cpu_ms / max(wall_ms, 1e-9)
 
 
 async def warm(session, url: str, workers: int, seed: int) -> None:
@@ -169,13 +173,15 @@ async def measure(urls: dict[str, str], jobs: int, rounds: int) -> dict:
             await warm(session, url, 2 if name == "ray-2" else 1, seed=10_000 * (index + 1))
         rates: dict[str, list[float]] = {name: [] for name in urls}
         at_once: dict[str, list[float]] = {name: [] for name in urls}
+        cpu_share: dict[str, list[float]] = {name: [] for name in urls}
         latencies: dict[str, list[float]] = {name: [] for name in urls}
         for round_index in range(rounds):  # taking turns, so every setup sees the same machine load
             for index, (name, url) in enumerate(urls.items()):
                 seed = 1_000_000 * (round_index + 1) + 1000 * index
-                rate, concurrency = await throughput(session, url, jobs, seed)
+                rate, concurrency, share = await throughput(session, url, jobs, seed)
                 rates[name].append(rate)
                 at_once[name].append(concurrency)
+                cpu_share[name].append(share)
                 latencies[name] += await job_times(session, url, NOOP_JOBS, f"noop-{name}-{round_index}")
     figures: dict = {"jobs": jobs, "rounds": rounds, "cpu_count": os.cpu_count()}
     for name in urls:
@@ -183,6 +189,7 @@ async def measure(urls: dict[str, str], jobs: int, rounds: int) -> dict:
         figures[f"{key}_jobs_per_s"] = max(rates[name])
         figures[f"{key}_jobs_per_s_rounds"] = [round(r, 3) for r in rates[name]]
         figures[f"{key}_jobs_at_once"] = max(at_once[name])
+        figures[f"{key}_job_cpu_share"] = statistics.fmean(cpu_share[name])
         figures[f"{key}_noop_median_ms"] = statistics.median(latencies[name]) * 1000
         figures[f"{key}_noop_p90_ms"] = percentile(latencies[name], 0.9) * 1000
     figures["speedup_ray1_to_ray2"] = figures["ray2_jobs_per_s"] / figures["ray1_jobs_per_s"]
@@ -220,12 +227,15 @@ def main() -> int:
         for base in bases.values():
             shutil.rmtree(base, ignore_errors=True)
     print(f"{options.jobs} CPU-bound jobs posted at once (one compute thread per worker), best of {options.rounds}")
-    print(f"{'setup':<10}{'jobs/s':>10}{'vs single':>12}{'jobs at once':>14}{'no-op job median':>20}{'p90':>12}")
+    print(f"{'setup':<10}{'jobs/s':>10}{'vs single':>12}{'jobs at once':>14}{'CPU per job':>13}"
+          f"{'no-op job median':>20}{'p90':>12}")
     for name in SETUPS:
         key = name.replace("-", "")
         rate = figures[f"{key}_jobs_per_s"]
         print(f"{name:<10}{rate:>10.2f}{rate / figures['single_jobs_per_s']:>11.2f}x{figures[f'{key}_jobs_at_once']:>14.2f}"
+              f"{figures[f'{key}_job_cpu_share']:>12.0%}"
               f"{figures[f'{key}_noop_median_ms']:>17.2f} ms{figures[f'{key}_noop_p90_ms']:>9.2f} ms")
+    print("(CPU per job: a job's CPU time over its wall time; below 100% the machine was busy with other work)")
     print(f"ray-1 -> ray-2 throughput: {figures['speedup_ray1_to_ray2']:.2f}x (goal >= 1.7x)")
     print(f"added by the Ray dispatch path per cached no-op job: {figures['ray_dispatch_added_ms_per_job']:.2f} ms "
           "(goal <= 20 ms)")
