@@ -4,7 +4,7 @@ Topology. The aiohttp server (the front door) keeps the SQLite job store and its
 runner's dispatcher hands each job to one idle worker of the pool (`execution/jobs.py`, chosen by
 `execution/placement.py`). A worker here is a `RemoteWorker` whose transport, `RayTransport`, reaches
 one `WorkerActor`: an actor that builds its own runtime (registry, executor, output cache, model
-cache) from the server's recipe and serves it with the same `_WorkerHost` the local worker process
+cache) from the server's recipe and serves it with the same `WorkerHost` the local worker process
 uses. `--workers N` starts a local Ray instance with N CPU workers; `--ray-address ADDR` joins a
 cluster, with one worker per GPU (`num_gpus=1` each) unless --workers says otherwise.
 
@@ -51,7 +51,7 @@ from execution.events import EventBus
 from execution.paths import STAGING_PREFIX, atomic_write_bytes, confine, next_output_name, staging_token
 from execution.placement import named_files
 from execution.worker import (DEFAULT_INTERRUPT_GRACE_S, RemoteWorker, RuntimeRecipe, Transport, WorkerDied,
-                              WorkerPool, _WorkerHost)
+                              WorkerHost, WorkerPool)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def _picklable(value: Any) -> Any:
 
 
 class _ActorConnection:
-    """The pipe `_WorkerHost` expects, over two queues; ships the job's files back as bytes."""
+    """The pipe `WorkerHost` expects, over two queues; ships the job's files back as bytes."""
 
     def __init__(self, paths: Any) -> None:
         self.paths = paths
@@ -171,7 +171,7 @@ class WorkerActor:
         self.paths = runtime.paths
         self.connection = _ActorConnection(runtime.paths)
         info = {"node": ray.util.get_node_ip_address(), "devices": _devices()}
-        self.host = _WorkerHost(self.connection, runtime, info=info)
+        self.host = WorkerHost(self.connection, runtime, info=info)
         threading.Thread(target=self._serve, name="weft-actor-host", daemon=True).start()
 
     def _serve(self) -> None:

@@ -14,7 +14,7 @@ A transport carries picklable messages both ways and can kill what it reaches:
     worker -> server   ("ready", info) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
 
 `LocalProcessTransport` runs `serve_worker` in a child process over a pipe; the Ray actor transport
-(`cluster/`) implements the same five methods around the same `_WorkerHost`. A local worker writes
+(`cluster/`) implements the same five methods around the same `WorkerHost`. A local worker writes
 outputs under staging names in the shared output folder (`JobOutcome.staged`); a Ray worker returns
 their bytes instead, and its transport writes them under the same staging names on the server before
 the record. Several workers form a pool: the job runner gives each its own job (`execution/jobs.py`,
@@ -447,8 +447,8 @@ def _die_with_parent() -> None:
         pass
 
 
-class _WorkerHost:
-    """The child's side: builds the runtime, reads messages, runs one job at a time on a thread."""
+class WorkerHost:
+    """The worker's side (a child process or a Ray actor): reads messages, runs one job at a time on a thread."""
 
     def __init__(self, connection: Any, runtime: Any, *, info: dict | None = None) -> None:
         self.connection = connection
@@ -532,5 +532,5 @@ def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
     except BaseException:
         logger.exception("the job worker could not build its runtime")
         raise
-    _WorkerHost(connection, runtime).serve()
+    WorkerHost(connection, runtime).serve()
     connection.close()
