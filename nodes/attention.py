@@ -41,8 +41,8 @@ def _attention_backend_valid(attention: Any = None) -> bool:
 
 
 def _block_sparse_attention(model: Any, selection: dict, start_percent: float, end_percent: float,
-                            dense_blocks: str = "", min_tokens: int = 12288, extra_tokens: int = 256,
-                            sink_conditioning: str = "exact_kv_and_rows", verbose: bool = False) -> tuple[Any]:
+                            dense_blocks: str, min_tokens: int, extra_tokens: int, sink_conditioning: str,
+                            verbose: bool) -> tuple[Any]:
     node = "BlockSparseAttention"
     model = check_model(node, model)
     method = selection.get("selection")

@@ -53,7 +53,7 @@ def test_a_bad_block_list_is_refused_naming_the_input(h3):
 def test_any_backend_name_validates_and_an_unknown_one_falls_back_to_pytorch(h3):
     h3.validate(_patched_prompt(VSA, backend="some other attention"))
     from nodes.loaders import _unet_loader
-    (model,) = _unet_loader(h3_unet_name())
+    (model,) = _unet_loader(h3_unet_name(), "default")
     (fallback,) = _attention_backend(model, "some other attention")
     assert fallback.options["attention_backend"] == "sdpa"
     with pytest.raises(TypeError, match="ModelAttentionBackend: input 'model'"):
@@ -76,7 +76,7 @@ def test_settings_follow_the_inputs_and_the_shift(h3):
     from nodes.h3 import _sigma_shift
     from nodes.loaders import _unet_loader
 
-    (model,) = _unet_loader(h3_unet_name())
+    (model,) = _unet_loader(h3_unet_name(), "default")
     (shifted,) = _sigma_shift(model, 10.0, 3.0)
     (kitchen,) = _attention_backend(shifted, "comfy kitchen attention")
     (patched,) = _block_sparse_attention(kitchen, {"selection": "vsa", "keep_percent": 10.0}, 0.2, 1.0,
