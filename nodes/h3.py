@@ -143,8 +143,9 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
     latent = empty_av_latent(node, width, height, length)
     frames, width, height = latent["length"], width - width % 16, height - height % 16
     references: list[dict] = []
-    # What the text encoder is shown, by kind (pictures, sounds, videos are laid out in that order).
-    shown: dict[str, list] = {"image": [], "audio": [], "video": []}
+    # What the text encoder is shown, in H3's order: the pictures, then each video preceded by its
+    # soundtrack's sound label when it has one, then the sounds given on their own.
+    shown: list = []
 
     for name, image in (ref_images or {}).items():
         if image is None:
@@ -160,7 +161,7 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
             raise ValueError(f"{node}: ref_image_size {ref_image_size!r} is not 'match' or 'max'")
         resized = _resize(image[:1], *size, "disabled")
         references.append({"kind": "image", "latent": encode_frames(node, vae, resized, f"ref_images.{name}")})
-        shown["image"].append(ImageReference(resized[0]))
+        shown.append(ImageReference(resized[0]))
 
     soundtracks = {_slot_number(slot, "ref_video_audio_"): audio for slot, audio in (ref_video_audios or {}).items()}
     for name, video in (ref_videos or {}).items():
@@ -183,11 +184,12 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         clip_frames = _resize(video[:usable], *size, "disabled")
         entry = {"kind": "video", "latent": encode_frames(node, vae, clip_frames, f"ref_videos.{name}"),
                  "audio_latent": None}
-        shown["video"].append(VideoReference.sampled(clip_frames, REFERENCE_VIDEO_FPS))
         soundtrack = soundtracks.get(_slot_number(name, "ref_video_"))
         if soundtrack is not None:
             audio_vae = check_vae(node, audio_vae, "audio", "audio_vae")
             entry["audio_latent"] = encode_waveform(node, audio_vae, _first(soundtrack), "ref_video_audios")[:1]
+            shown.append(AudioReference())
+        shown.append(VideoReference.sampled(clip_frames, REFERENCE_VIDEO_FPS))
         references.append(entry)
 
     for name, audio in (ref_audios or {}).items():
@@ -196,9 +198,9 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
         audio_vae = check_vae(node, audio_vae, "audio", "audio_vae")
         references.append({"kind": "audio",
                            "audio_latent": encode_waveform(node, audio_vae, _first(audio), f"ref_audios.{name}")[:1]})
-        shown["audio"].append(AudioReference())
+        shown.append(AudioReference())
 
-    conditioning = clip.encode(prompt, node=node, references=shown["image"] + shown["audio"] + shown["video"])
+    conditioning = clip.encode(prompt, node=node, references=shown)
     if references:
         conditioning = _with_extras(conditioning, references=references)
     return conditioning, latent

@@ -24,6 +24,7 @@ from execution.events import EventBus
 from execution.paths import Paths
 from execution.scheduler import Executor
 from execution.validation import validate_prompt
+from models.components import TextEncoder
 from web.object_info import object_info
 
 TINY_NAMES = {
@@ -459,7 +460,15 @@ def test_image_to_video_with_first_and_last_frame(h3):
     assert probe(result, "probe_frames").shape == (22, 32, 64, 3)
 
 
-def test_reference_to_video_with_every_kind_of_reference(h3):
+def test_reference_to_video_with_every_kind_of_reference(h3, monkeypatch):
+    shown = []
+    plain_encode = TextEncoder.encode
+
+    def recording_encode(self, text, **kwargs):
+        shown.append([type(reference).__name__ for reference in kwargs.get("references", ())])
+        return plain_encode(self, text, **kwargs)
+
+    monkeypatch.setattr(TextEncoder, "encode", recording_encode)
     prompt = t2va_prompt(width=64, height=32, length=22, save_video=False)
     prompt["picture"] = {"class_type": "EmptyImage", "inputs": {"width": 96, "height": 48, "batch_size": 1, "color": 0x336699}}
     prompt["clip_frames"] = {"class_type": "EmptyImage", "inputs": {"width": 40, "height": 32, "batch_size": 7, "color": 0x993366}}
@@ -476,6 +485,8 @@ def test_reference_to_video_with_every_kind_of_reference(h3):
     result = h3.run(prompt)
     refs = probe(result, "probe_cond")[0][1]["references"]
     assert [r["kind"] for r in refs] == ["image", "video", "audio"]
+    # H3's layout for the encoder: pictures, each video after its soundtrack's label, then lone sounds.
+    assert shown == [["ImageReference", "AudioReference", "VideoReference", "AudioReference"]]
     # The picture is scaled down (keeping its 2:1 aspect) to the generation's 64x32 area: one 2x4 latent frame.
     assert tuple(refs[0]["latent"].shape) == (1, 24, 1, 2, 4)
     # The clip's 7 frames are cut to whole encoder clips (5 frames: 2 latent frames), 40x32 onto the 32 grid.
