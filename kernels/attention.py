@@ -158,15 +158,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.
 # output rows are meaningless. The arithmetic is float32.
 #
 # Backends (registry `block_sparse_attention`):
-#   blockwise  never holds more than a bounded working set beyond the output: per head, per group of
-#              query tiles, it gathers the chosen key tiles a few at a time and folds them into an
-#              online softmax; memory O(tokens * head_dim)
+#   blockwise  never holds more than a bounded working set beyond the output: per head, it chooses the
+#              key tiles of a chunk of query tiles at a time, then gathers each group's chosen tiles a
+#              few at a time into reused buffers and folds them into an online softmax; nothing it
+#              holds grows with the square of the sequence
 #   eager      the reference: the full masked score matrix of each head
 
 SPARSE_TILE = 64
 _LOG2E = 1.4426950408889634
-# Bytes the blockwise backend's gathered keys, values and scores may take at once.
-SPARSE_WORKING_BYTES = {"cpu": 4 << 20}
+# Bytes the blockwise backend's gathered keys, values and scores may take at once. On the CPU, 1 MiB
+# keeps VSA at 49,152 tokens about 0.22x dense SDPA's time (bench/sparse_attention.py); a larger budget
+# gains a little time and costs resident memory.
+SPARSE_WORKING_BYTES = {"cpu": 1 << 20}
 SPARSE_WORKING_BYTES_DEFAULT = 256 << 20
 
 
@@ -211,56 +214,57 @@ def _span(pair: Sequence[int] | None, tiles: int) -> tuple[int, int]:
     return start, max(start, stop)
 
 
+class _KeyTiles:
+    """One head's key and value tile means, the key means centred on their mean.
+
+    Centring shifts every score of a query by the same constant, which neither a ranking nor a
+    softmax sees; the Sol-Attn threshold needs the centred form, and scores of tokens against
+    `k - centre` then share one softmax with the tile scores.
+    """
+
+    def __init__(self, k_mean: torch.Tensor, v_mean: torch.Tensor | None):
+        self.centre = k_mean.mean(dim=0)
+        self.centred = k_mean - self.centre
+        self.spread = self.centred.pow(2).mean(dim=0)
+        self.v_mean = v_mean
+
+    def select(self, q_mean: torch.Tensor, first: int, *, scale: float, keep_ratio: float, tau: float,
+               sink_blocks: tuple[int, int], sink_rows: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choice for query tiles [first, first + R): (exact (R, N) bool, tile-mean scores (R, N), natural log)."""
+        rows, tiles = q_mean.shape[0], self.centred.shape[0]
+        scores = (q_mean @ self.centred.T) * scale
+        s0, s1 = sink_blocks
+        count = _topk_count(tiles - (s1 - s0), keep_ratio) if keep_ratio > 0 else 0
+        if count:
+            ranked = scores.clone()
+            ranked[:, s0:s1] = float("-inf")               # sinks ride on top of the budget
+            exact = ranked >= ranked.topk(count, dim=1).values[:, -1:]
+        elif keep_ratio > 0:
+            exact = torch.zeros_like(scores, dtype=torch.bool)
+        else:
+            # tau standard deviations of the proxy scores q_mean . k_mean(j) over j, in base-2 units as the
+            # published threshold is stated.
+            log2_scale = scale * _LOG2E
+            variance = (q_mean.pow(2) * self.spread).sum(-1)
+            threshold = tau * torch.sqrt(variance * log2_scale * log2_scale + 1e-6)
+            exact = scores * _LOG2E > threshold[:, None]
+        own = torch.arange(first, first + rows, device=q_mean.device)[:, None]
+        band = (own + torch.tensor([-1, 0, 1], device=q_mean.device)).clamp_(0, tiles - 1)
+        exact.scatter_(1, band, True)
+        exact[:, s0:s1] = True
+        r0, r1 = (min(max(r - first, 0), rows) for r in sink_rows)
+        exact[r0:r1] = True
+        return exact, scores
+
+
 def select_tiles(q_mean: torch.Tensor, k_mean: torch.Tensor, *, scale: float, keep_ratio: float, tau: float,
                  sink_blocks: tuple[int, int], sink_rows: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's tile choice: (exact (N, N) bool, tile-mean scores (N, N) of the keys centred on their mean).
 
     q_mean, k_mean: (N, D) float32 tile means. See the section comment for the rules.
     """
-    tiles = q_mean.shape[0]
-    centred = k_mean - k_mean.mean(dim=0, keepdim=True)   # shifts each row by a constant; the tail needs it
-    scores = (q_mean @ centred.T) * scale                  # natural-log units
-    s0, s1 = sink_blocks
-    if keep_ratio > 0:
-        ranked = scores.clone()
-        ranked[:, s0:s1] = float("-inf")                   # sinks ride on top of the budget
-        count = _topk_count(tiles - (s1 - s0), keep_ratio)
-        if count:
-            exact = ranked >= ranked.topk(count, dim=1).values[:, -1:]
-        else:
-            exact = torch.zeros_like(ranked, dtype=torch.bool)
-    else:
-        # tau standard deviations of the proxy scores q_mean . k_mean(j) over j, in base-2 units as the
-        # published threshold is stated.
-        log2_scale = scale * _LOG2E
-        variance = (q_mean.pow(2) * centred.pow(2).mean(dim=0)).sum(-1)
-        threshold = tau * torch.sqrt(variance * log2_scale * log2_scale + 1e-6)
-        exact = scores * _LOG2E > threshold[:, None]
-    index = torch.arange(tiles, device=q_mean.device)
-    exact |= (index[None, :] - index[:, None]).abs() <= 1
-    exact[:, s0:s1] = True
-    r0, r1 = sink_rows
-    exact[r0:r1, :] = True
-    return exact, scores
-
-
-def _coarse_rows(q_mean: torch.Tensor, k_mean: torch.Tensor, v_mean: torch.Tensor, scale: float) -> torch.Tensor:
-    """VSA's coarse branch per tile: softmax(q_mean k_mean^T * scale) v_mean, (N, D) float32."""
-    return torch.softmax((q_mean @ k_mean.T) * scale, dim=-1) @ v_mean
-
-
-class _HeadTiles:
-    """One head's q, k, v as tiles with their means and choice, shared by both backends."""
-
-    def __init__(self, q, k, v, lengths, live, *, scale, keep_ratio, tau, sink_blocks, sink_rows):
-        self.q, self.k, self.v = q, k, v                     # (N*64, D), padded to whole tiles
-        self.q_mean = _tile_means(q, live, lengths)
-        self.k_mean = _tile_means(k, live, lengths)
-        self.v_mean = _tile_means(v, live, lengths)
-        self.exact, self.scores = select_tiles(self.q_mean, self.k_mean, scale=scale, keep_ratio=keep_ratio,
-                                               tau=tau, sink_blocks=sink_blocks, sink_rows=sink_rows)
-        # Token scores are centred on the same mean key as the tile scores, so both share one softmax.
-        self.key_centre = self.k_mean.mean(dim=0)
+    return _KeyTiles(k_mean, None).select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau,
+                                          sink_blocks=sink_blocks, sink_rows=sink_rows)
 
 
 def _prepare(q, k, v, tile_len, coarse_gate, sink_blocks, sink_rows, scale):
@@ -294,21 +298,24 @@ def block_sparse_eager(q, k, v, *, keep_ratio=0.0, tau=1.0, sink_blocks=None, si
     tile_of_row = torch.arange(tiles * SPARSE_TILE, device=q.device) // SPARSE_TILE
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
-            head = _HeadTiles(q[b, h].float(), k[b, h].float(), v[b, h].float(), lengths, live, scale=scale,
-                              keep_ratio=keep_ratio, tau=tau, sink_blocks=sinks, sink_rows=rows)
-            token_scores = (head.q @ (head.k - head.key_centre).T) * scale
-            keep = head.exact[tile_of_row][:, tile_of_row] & live[None, :]
+            qh, kh, vh = q[b, h].float(), k[b, h].float(), v[b, h].float()
+            q_mean = _tile_means(qh, live, lengths)
+            keys = _KeyTiles(_tile_means(kh, live, lengths), _tile_means(vh, live, lengths))
+            exact, scores = keys.select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau,
+                                        sink_blocks=sinks, sink_rows=rows)
+            token_scores = (qh @ (kh - keys.centre).T) * scale
+            keep = exact[tile_of_row][:, tile_of_row] & live[None, :]
             token_scores = token_scores.masked_fill(~keep, float("-inf"))
-            values = head.v
+            values = vh
             if pooled_tail:
                 # One pooled key per tile not chosen; it stands for `length` keys of the tile's mean value.
-                tail = head.scores[tile_of_row].masked_fill(head.exact[tile_of_row], float("-inf"))
+                tail = scores[tile_of_row].masked_fill(exact[tile_of_row], float("-inf"))
                 tail = tail + torch.log(lengths)[None, :]
                 token_scores = torch.cat([token_scores, tail], dim=1)
-                values = torch.cat([values, head.v_mean], dim=0)
+                values = torch.cat([values, keys.v_mean], dim=0)
             result = torch.softmax(token_scores, dim=-1) @ values
             if gate is not None:
-                coarse = _coarse_rows(head.q_mean, head.k_mean, head.v_mean, scale)
+                coarse = torch.softmax(q_mean @ keys.centred.T * scale, dim=-1) @ keys.v_mean
                 result = result + gate[b, h].float() * coarse[tile_of_row]
             out[b, h] = result
     return out[:, :, :tokens].to(out_dtype)
@@ -318,86 +325,130 @@ def _working_bytes(device: torch.device) -> int:
     return SPARSE_WORKING_BYTES.get(device.type, SPARSE_WORKING_BYTES_DEFAULT)
 
 
+# Bytes per (query tile, key tile) entry of a chunk's selection: scores, their ranked copy, the choice,
+# the coarse softmax and the choice as bytes for ordering.
+_SELECTION_ENTRY_BYTES = 16
+
+
 def block_sparse_blockwise(q, k, v, *, keep_ratio=0.0, tau=1.0, sink_blocks=None, sink_rows=None, tile_len=None,
                            pooled_tail=True, coarse_gate=None, scale=None) -> torch.Tensor:
-    """Gathers only the chosen key tiles, a bounded number at a time, into an online softmax."""
+    """Chooses a chunk of query tiles at a time, then gathers their chosen key tiles, a bounded number at a
+    time, into an online softmax. Nothing it holds grows with the square of the sequence."""
     tokens, dim = q.shape[2], q.shape[3]
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     q, k, v, gate, lengths, live, tiles, sinks, rows, scale = _prepare(q, k, v, tile_len, coarse_gate,
                                                                        sink_blocks, sink_rows, scale)
     budget = _working_bytes(q.device)
+    # A quarter of the budget for a chunk's selection, the rest for the gathered tiles.
+    chunk = max(1, min(tiles, budget // 4 // (tiles * _SELECTION_ENTRY_BYTES)))
     # Per gathered key tile: its keys and values (float32) and one score row per query row.
     tile_cost = SPARSE_TILE * (2 * dim + SPARSE_TILE) * 4
-    live_keys = live.view(tiles, SPARSE_TILE)
-    log_lengths = torch.log(lengths)
+    # 0 for a live key, -inf for a padding row; row `tiles` is the dead tile that pads short choices.
+    key_bias = torch.zeros(tiles + 1, SPARSE_TILE, device=q.device)
+    key_bias[:tiles].masked_fill_(~live.view(tiles, SPARSE_TILE), float("-inf"))
+    key_bias[tiles] = float("-inf")
+    log_lengths = torch.log(lengths) if pooled_tail else None
+    space = _GatherSpace(max(1, min(tiles * tiles, budget // tile_cost)), dim, k.dtype, q.device)
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
-            head = _HeadTiles(q[b, h], k[b, h], v[b, h], lengths, live, scale=scale, keep_ratio=keep_ratio,
-                              tau=tau, sink_blocks=sinks, sink_rows=rows)
-            counts = head.exact.sum(dim=1)
-            k_tiles = head.k.view(tiles, SPARSE_TILE, dim)
-            v_tiles = head.v.view(tiles, SPARSE_TILE, dim)
-            coarse = _coarse_rows(head.q_mean, head.k_mean, head.v_mean, scale) if gate is not None else None
-            # Dense query rows (sink_rows) want every tile; the others their few. Keep them in separate groups.
-            bounds = sorted({0, tiles, *rows})
-            for lo, hi in zip(bounds, bounds[1:]):
-                width = int(counts[lo:hi].max())
-                # Each query tile's chosen tiles first (any order: the softmax is folded online).
-                chosen = head.exact[lo:hi].to(torch.uint8).topk(width, dim=1).indices
-                per_group = max(1, min(width, budget // tile_cost))
-                group_tiles = max(1, min(hi - lo, budget // (tile_cost * per_group)))
-                for start in range(lo, hi, group_tiles):
-                    stop = min(hi, start + group_tiles)
-                    result = _attend_group(head, start, stop, chosen[start - lo:stop - lo], counts[start:stop],
-                                           k_tiles, v_tiles, live_keys, scale, per_group,
-                                           log_lengths if pooled_tail else None, dim)
-                    if coarse is not None:
-                        rows_gate = gate[b, h, start * SPARSE_TILE:stop * SPARSE_TILE].float()
-                        result = result.view(-1, SPARSE_TILE, dim).addcmul_(
-                            rows_gate.view(-1, SPARSE_TILE, dim), coarse[start:stop, None]).view(-1, dim)
-                    first, last = start * SPARSE_TILE, min(stop * SPARSE_TILE, tokens)
-                    if last > first:
-                        out[b, h, first:last] = result[:last - first].to(out.dtype)
+            qh, kh, vh = q[b, h], k[b, h], v[b, h]
+            keys = _KeyTiles(_tile_means(kh, live, lengths), _tile_means(vh, live, lengths))
+            k_tiles, v_tiles = kh.view(tiles, SPARSE_TILE, dim), vh.view(tiles, SPARSE_TILE, dim)
+            for c0 in range(0, tiles, chunk):
+                c1 = min(tiles, c0 + chunk)
+                span = slice(c0 * SPARSE_TILE, c1 * SPARSE_TILE)
+                q_mean = _tile_means(qh[span], live[span], lengths[c0:c1])
+                exact, scores = keys.select(q_mean, c0, scale=scale, keep_ratio=keep_ratio, tau=tau,
+                                            sink_blocks=sinks, sink_rows=rows)
+                tail = None
+                if pooled_tail:
+                    tail = (scores + log_lengths).masked_fill_(exact, float("-inf"))
+                coarse = torch.softmax(scores, dim=-1) @ keys.v_mean if gate is not None else None
+                counts = exact.sum(dim=1)
+                # Dense query rows (sink_rows) want every tile, the others their few: separate groups.
+                bounds = sorted({c0, c1, *(r for r in rows if c0 < r < c1)})
+                for lo, hi in zip(bounds, bounds[1:]):
+                    part = slice(lo - c0, hi - c0)
+                    width = int(counts[part].max())
+                    # Each query tile's chosen tiles first, then the dead tile (any order: the softmax is online).
+                    order = exact[part].to(torch.uint8).topk(width, dim=1)
+                    chosen = order.indices.masked_fill_(order.values == 0, tiles)
+                    per_group = max(1, min(width, budget // tile_cost))
+                    group_tiles = max(1, min(hi - lo, budget // (tile_cost * per_group)))
+                    for start in range(lo, hi, group_tiles):
+                        stop = min(hi, start + group_tiles)
+                        picked = slice(start - lo, stop - lo)
+                        group = slice(start - c0, stop - c0)
+                        queries = qh[start * SPARSE_TILE:stop * SPARSE_TILE].float()
+                        result = _attend_group(queries, keys, chosen[picked], k_tiles, v_tiles, key_bias, scale,
+                                               per_group, None if tail is None else tail[group], space)
+                        if coarse is not None:
+                            rows_gate = gate[b, h, start * SPARSE_TILE:stop * SPARSE_TILE].float()
+                            result.addcmul_(rows_gate.view(-1, SPARSE_TILE, dim), coarse[group, None])
+                        first, last = start * SPARSE_TILE, min(stop * SPARSE_TILE, tokens)
+                        if last > first:
+                            out[b, h, first:last] = result.view(-1, dim)[:last - first]
     return out
 
 
-def _attend_group(head: _HeadTiles, start: int, stop: int, chosen: torch.Tensor, counts: torch.Tensor,
-                  k_tiles, v_tiles, live_keys, scale: float, per_group: int, log_lengths, dim: int) -> torch.Tensor:
-    """Rows of query tiles [start, stop): online softmax over their chosen key tiles, `per_group` tiles at a time."""
-    group = stop - start
-    queries = head.q[start * SPARSE_TILE:stop * SPARSE_TILE].float().view(group, SPARSE_TILE, dim)
+class _GatherSpace:
+    """Buffers for one step's gathered key and value tiles and their scores, allocated once per call.
+
+    Reusing them keeps a long call from asking the allocator for megabytes thousands of times, which
+    costs page faults and leaves a fragmented heap resident.
+    """
+
+    def __init__(self, tiles: int, dim: int, dtype: torch.dtype, device: torch.device):
+        self.keys = torch.empty(tiles * SPARSE_TILE * dim, dtype=dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+        self.scores = torch.empty(tiles * SPARSE_TILE * SPARSE_TILE, device=device)
+
+    def gather(self, source: torch.Tensor, index: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """source (N, 64, D) tiles at `index` (G, S) -> (G, S*64, D) float32."""
+        group, count = index.shape
+        rows = into[:group * count * SPARSE_TILE * source.shape[-1]].view(group * count, SPARSE_TILE, -1)
+        torch.index_select(source, 0, index.flatten(), out=rows)
+        return rows.float().view(group, count * SPARSE_TILE, -1)
+
+
+def _attend_group(queries: torch.Tensor, keys: _KeyTiles, chosen: torch.Tensor, k_tiles, v_tiles,
+                  key_bias: torch.Tensor, scale: float, per_group: int, tail: torch.Tensor | None,
+                  space: _GatherSpace) -> torch.Tensor:
+    """(G*64, D) float32 query rows over their chosen key tiles (G, W), `per_group` tiles at a time, folded
+    into an online softmax; `tail` (G, N) adds the pooled keys of the tiles not chosen. Returns (G, 64, D)."""
+    dim = queries.shape[-1]
+    group = chosen.shape[0]
+    queries = queries.view(group, SPARSE_TILE, dim)
+    dead = k_tiles.shape[0]
     # Scores against centred keys: q . (k - c) = q . k - q . c, one constant per query row.
-    shift = (queries @ head.key_centre)[..., None]                      # (G, 64, 1)
+    shift = (queries @ keys.centre)[..., None].mul_(-scale)            # (G, 64, 1)
     running_max = torch.full((group, SPARSE_TILE, 1), -1e30, device=queries.device)
     running_sum = torch.zeros((group, SPARSE_TILE, 1), device=queries.device)
     acc = torch.zeros((group, SPARSE_TILE, dim), device=queries.device)
     width = chosen.shape[1]
-    slots = torch.arange(width, device=chosen.device)
     for s0 in range(0, width, per_group):
-        s1 = min(width, s0 + per_group)
-        index = chosen[:, s0:s1]                                          # (G, S)
-        usable = (slots[s0:s1][None, :] < counts[:, None])                # (G, S)
-        keys = k_tiles[index].float().view(group, -1, dim)                # (G, S*64, D)
-        values = v_tiles[index].float().view(group, -1, dim)
-        scores = torch.baddbmm(-shift * scale, queries, keys.transpose(1, 2), alpha=scale)   # (G, 64, S*64)
-        valid = (live_keys[index] & usable[..., None]).view(group, 1, -1)
-        scores.masked_fill_(~valid, float("-inf"))
+        index = chosen[:, s0:s0 + per_group]                            # (G, S)
+        real = index.clamp(max=dead - 1)                                # the dead tile reads any keys, masked
+        gathered_keys = space.gather(k_tiles, real, space.keys)        # (G, S*64, D)
+        values = space.gather(v_tiles, real, space.values)
+        scores = space.scores[:queries.numel() // dim * gathered_keys.shape[1]].view(group, SPARSE_TILE, -1)
+        torch.baddbmm(shift, queries, gathered_keys.transpose(1, 2), alpha=scale, out=scores)   # (G, 64, S*64)
+        scores.add_(key_bias[index].view(group, 1, -1))
         new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
-        correction = torch.exp(running_max - new_max)
+        correction = (running_max - new_max).exp_()
         scores.sub_(new_max).exp_()
         running_sum.mul_(correction).add_(scores.sum(dim=-1, keepdim=True))
         acc.mul_(correction).baddbmm_(scores, values)
         running_max = new_max
-    if log_lengths is not None:
+    if tail is not None:
         # The tiles not chosen, one pooled key each, weighted by their live rows.
-        tail = head.scores[start:stop] + log_lengths[None, :]            # (G, N)
-        tail = tail.masked_fill(head.exact[start:stop], float("-inf"))[:, None, :]   # (G, 1, N)
+        tail = tail[:, None, :]                                         # (G, 1, N)
         new_max = torch.maximum(running_max, tail.amax(dim=-1, keepdim=True))
-        correction = torch.exp(running_max - new_max)
-        weights = torch.exp(tail - new_max)                               # (G, 64, N)
+        correction = (running_max - new_max).exp_()
+        weights = (tail - new_max).exp_()                               # (G, 64, N)
         running_sum.mul_(correction).add_(weights.sum(dim=-1, keepdim=True))
-        acc.mul_(correction).add_(weights @ head.v_mean)
-    return (acc / running_sum.clamp_min(1e-30)).view(-1, dim)
+        acc.mul_(correction).add_(weights @ keys.v_mean)
+    return acc.div_(running_sum.clamp_min(1e-30))
 
 
 BLOCK_SPARSE = KernelRegistry("block_sparse_attention")
