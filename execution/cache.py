@@ -18,6 +18,7 @@ import math
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
@@ -141,6 +142,10 @@ class OutputCache:
 
     def __contains__(self, signature: str) -> bool:
         return signature in self._entries
+
+    def held(self) -> Container[str]:
+        """The signatures held now, as a live view: membership without a Python call per test."""
+        return self._entries.keys()
 
 
 class ClassicCache(OutputCache):

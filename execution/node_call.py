@@ -113,7 +113,7 @@ class NodeCaller:
             token = run_context.activate(context)
             try:
                 result = execute(**group(args))
-                if inspect.isawaitable(result):
+                if type(result) is not tuple and inspect.isawaitable(result):   # a tuple never is: skip the check
                     if not is_async:
                         raise TypeError(f"node '{spec.node_id}' returned an awaitable from a non-async execute")
                     result = await result

@@ -198,9 +198,9 @@ class _Job:
             readiness.sign_prompt(order)
             # Every node of the prompt whose output the cache holds, reached by this run or not (a
             # cached node behind another cached node included); sent even when there is none.
-            slots, cache = readiness.slots, self.cache
+            slots, held = readiness.slots, self.cache.held()
             cached = [node_id for node_id in self.prompt.nodes
-                      if (slot := slots.get(node_id)) is not None and slot.signature in cache]
+                      if (slot := slots.get(node_id)) is not None and slot.signature in held]
             self.emit("execution_cached", {"nodes": cached, "prompt_id": self.prompt_id, "timestamp": timestamp_ms()})
             stand_ins = self.prompt.stand_ins
             roots = list(dict.fromkeys(stand_ins.get(o, o) for o in outputs)) if stand_ins else outputs

@@ -19,6 +19,7 @@ zeros instead of NaN.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -189,17 +190,19 @@ def _tile_lengths(tokens: int, tiles: int, tile_len: torch.Tensor | None, device
     return lengths
 
 
-def _live_rows(padded_tokens: int, lengths: torch.Tensor) -> torch.Tensor:
-    """(padded_tokens,) bool: whether each row sits in the live front part of its tile."""
-    rows = torch.arange(padded_tokens, device=lengths.device)
-    return (rows % SPARSE_TILE) < lengths[rows // SPARSE_TILE]
+def _live_rows(lengths: torch.Tensor) -> torch.Tensor:
+    """(tiles * 64,) bool: whether each row sits in the live front part of its tile."""
+    return (torch.arange(SPARSE_TILE, device=lengths.device)[None, :] < lengths[:, None]).flatten()
 
 
-def _tile_means(x: torch.Tensor, live: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """(N*64, D) rows -> (N, D) float32 mean over each tile's live rows, without a masked copy of x."""
+def _tile_means(x: torch.Tensor, live: torch.Tensor | None, lengths: torch.Tensor) -> torch.Tensor:
+    """(N*64, D) rows -> (N, D) float32 mean over each tile's live rows (every row when `live` is None),
+    without a masked copy of x."""
     tiles = lengths.numel()
-    weights = live.view(tiles, 1, SPARSE_TILE)
-    sums = torch.bmm(weights.float(), x.view(tiles, SPARSE_TILE, -1).float()).squeeze(1)
+    rows = x.view(tiles, SPARSE_TILE, -1).float()
+    if live is None:
+        return rows.sum(dim=1).div_(SPARSE_TILE)
+    sums = torch.bmm(live.view(tiles, 1, SPARSE_TILE).float(), rows).squeeze(1)
     return sums / lengths[:, None]
 
 
@@ -223,8 +226,9 @@ class _KeyTiles:
     """
 
     def __init__(self, k_mean: torch.Tensor, v_mean: torch.Tensor | None):
+        """Takes `k_mean` over: it is centred in place."""
         self.centre = k_mean.mean(dim=0)
-        self.centred = k_mean - self.centre
+        self.centred = k_mean.sub_(self.centre)
         self.spread = self.centred.pow(2).mean(dim=0)
         self.v_mean = v_mean
 
@@ -263,7 +267,7 @@ def select_tiles(q_mean: torch.Tensor, k_mean: torch.Tensor, *, scale: float, ke
 
     q_mean, k_mean: (N, D) float32 tile means. See the section comment for the rules.
     """
-    return _KeyTiles(k_mean, None).select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau,
+    return _KeyTiles(k_mean.clone(), None).select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau,
                                           sink_blocks=sink_blocks, sink_rows=sink_rows)
 
 
@@ -272,7 +276,7 @@ def _prepare(q, k, v, tile_len, coarse_gate, sink_blocks, sink_rows, scale):
     tiles = -(-tokens // SPARSE_TILE)
     padded = tiles * SPARSE_TILE
     lengths = _tile_lengths(tokens, tiles, tile_len, q.device)
-    live = _live_rows(padded, lengths)
+    live = _live_rows(lengths)
     if padded != tokens:   # a ragged last tile: pad it; its padding rows are dead
         q, k, v = (F.pad(t, (0, 0, 0, padded - tokens)) for t in (q, k, v))
         if coarse_gate is not None:
@@ -339,69 +343,108 @@ def block_sparse_blockwise(q, k, v, *, keep_ratio=0.0, tau=1.0, sink_blocks=None
     q, k, v, gate, lengths, live, tiles, sinks, rows, scale = _prepare(q, k, v, tile_len, coarse_gate,
                                                                        sink_blocks, sink_rows, scale)
     budget = _working_bytes(q.device)
-    # A quarter of the budget for a chunk's selection, the rest for the gathered tiles.
-    chunk = max(1, min(tiles, budget // 4 // (tiles * _SELECTION_ENTRY_BYTES)))
-    # Per gathered key tile: its keys and values (float32) and one score row per query row.
-    tile_cost = SPARSE_TILE * (2 * dim + SPARSE_TILE) * 4
+    every_row_live = bool(live.all())
     # 0 for a live key, -inf for a padding row; row `tiles` is the dead tile that pads short choices.
     key_bias = torch.zeros(tiles + 1, SPARSE_TILE, device=q.device)
     key_bias[:tiles].masked_fill_(~live.view(tiles, SPARSE_TILE), float("-inf"))
     key_bias[tiles] = float("-inf")
-    log_lengths = torch.log(lengths) if pooled_tail else None
-    space = _GatherSpace(max(1, min(tiles * tiles, budget // tile_cost)), dim, k.dtype, q.device)
+    plan = _Plan(tiles=tiles, tokens=tokens, dim=dim, budget=budget, scale=scale, keep_ratio=keep_ratio, tau=tau,
+                 sinks=sinks, rows=rows, lengths=lengths, live=None if every_row_live else live, key_bias=key_bias,
+                 log_lengths=torch.log(lengths) if pooled_tail else None,
+                 workspace=_Workspace(out, k.dtype, dim, budget))
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
-            qh, kh, vh = q[b, h], k[b, h], v[b, h]
-            keys = _KeyTiles(_tile_means(kh, live, lengths), _tile_means(vh, live, lengths))
-            k_tiles, v_tiles = kh.view(tiles, SPARSE_TILE, dim), vh.view(tiles, SPARSE_TILE, dim)
-            for c0 in range(0, tiles, chunk):
-                c1 = min(tiles, c0 + chunk)
-                span = slice(c0 * SPARSE_TILE, c1 * SPARSE_TILE)
-                q_mean = _tile_means(qh[span], live[span], lengths[c0:c1])
-                exact, scores = keys.select(q_mean, c0, scale=scale, keep_ratio=keep_ratio, tau=tau,
-                                            sink_blocks=sinks, sink_rows=rows)
-                tail = None
-                if pooled_tail:
-                    tail = (scores + log_lengths).masked_fill_(exact, float("-inf"))
-                coarse = torch.softmax(scores, dim=-1) @ keys.v_mean if gate is not None else None
-                counts = exact.sum(dim=1)
-                # Dense query rows (sink_rows) want every tile, the others their few: separate groups.
-                bounds = sorted({c0, c1, *(r for r in rows if c0 < r < c1)})
-                for lo, hi in zip(bounds, bounds[1:]):
-                    part = slice(lo - c0, hi - c0)
-                    width = int(counts[part].max())
-                    # Each query tile's chosen tiles first, then the dead tile (any order: the softmax is online).
-                    order = exact[part].to(torch.uint8).topk(width, dim=1)
-                    chosen = order.indices.masked_fill_(order.values == 0, tiles)
-                    per_group = max(1, min(width, budget // tile_cost))
-                    group_tiles = max(1, min(hi - lo, budget // (tile_cost * per_group)))
-                    for start in range(lo, hi, group_tiles):
-                        stop = min(hi, start + group_tiles)
-                        picked = slice(start - lo, stop - lo)
-                        group = slice(start - c0, stop - c0)
-                        queries = qh[start * SPARSE_TILE:stop * SPARSE_TILE].float()
-                        result = _attend_group(queries, keys, chosen[picked], k_tiles, v_tiles, key_bias, scale,
-                                               per_group, None if tail is None else tail[group], space)
-                        if coarse is not None:
-                            rows_gate = gate[b, h, start * SPARSE_TILE:stop * SPARSE_TILE].float()
-                            result.addcmul_(rows_gate.view(-1, SPARSE_TILE, dim), coarse[group, None])
-                        first, last = start * SPARSE_TILE, min(stop * SPARSE_TILE, tokens)
-                        if last > first:
-                            out[b, h, first:last] = result.view(-1, dim)[:last - first]
+            written = (b * q.shape[1] + h) * tokens * dim      # output elements before this head's rows
+            head_gate = gate[b, h] if gate is not None else None
+            _blockwise_head(plan, q[b, h], k[b, h], v[b, h], head_gate, out[b, h], written)
     return out
 
 
+@dataclass
+class _Plan:
+    """What every head of one blockwise call shares."""
+
+    tiles: int
+    tokens: int
+    dim: int
+    budget: int
+    scale: float
+    keep_ratio: float
+    tau: float
+    sinks: tuple[int, int]
+    rows: tuple[int, int]
+    lengths: torch.Tensor
+    live: torch.Tensor | None                 # None: every row of every tile is live
+    key_bias: torch.Tensor
+    log_lengths: torch.Tensor | None          # None: no pooled tail
+    workspace: _Workspace
+
+    @property
+    def chunk(self) -> int:
+        """Query tiles whose choice is made at once: a sixteenth of the budget (the gathered tiles take the
+        output's spare rows, or the rest)."""
+        return max(1, min(self.tiles, self.budget // 16 // (self.tiles * _SELECTION_ENTRY_BYTES)))
+
+
+def _blockwise_head(plan: _Plan, qh, kh, vh, gate, out_h, written: int) -> None:
+    """One head: its (tokens, D) output rows into `out_h`; `written` output elements precede them."""
+    tiles, dim = plan.tiles, plan.dim
+    keys = _KeyTiles(_tile_means(kh, plan.live, plan.lengths), _tile_means(vh, plan.live, plan.lengths))
+    k_tiles, v_tiles = kh.view(tiles, SPARSE_TILE, dim), vh.view(tiles, SPARSE_TILE, dim)
+    for c0 in range(0, tiles, plan.chunk):
+        c1 = min(tiles, c0 + plan.chunk)
+        span = slice(c0 * SPARSE_TILE, c1 * SPARSE_TILE)
+        q_mean = _tile_means(qh[span], None if plan.live is None else plan.live[span], plan.lengths[c0:c1])
+        exact, scores = keys.select(q_mean, c0, scale=plan.scale, keep_ratio=plan.keep_ratio, tau=plan.tau,
+                                    sink_blocks=plan.sinks, sink_rows=plan.rows)
+        tail = None
+        if plan.log_lengths is not None:
+            tail = (scores + plan.log_lengths).masked_fill_(exact, float("-inf"))
+        coarse = torch.softmax(scores, dim=-1) @ keys.v_mean if gate is not None else None
+        counts = exact.sum(dim=1)
+        # Dense query rows (sink_rows) want every tile, the others their few: separate groups.
+        bounds = sorted({c0, c1, *(r for r in plan.rows if c0 < r < c1)})
+        for lo, hi in zip(bounds, bounds[1:]):
+            part = slice(lo - c0, hi - c0)
+            width = int(counts[part].max())
+            # Each query tile's chosen tiles first, then the dead tile (any order: the softmax is online).
+            order = exact[part].to(torch.uint8).topk(width, dim=1)
+            chosen = order.indices.masked_fill_(order.values == 0, tiles)
+            tile_cost = _Workspace.tile_elements(dim) * 4
+            per_group = max(1, min(width, plan.budget // tile_cost))
+            group_tiles = max(1, min(hi - lo, plan.budget // (tile_cost * per_group)))
+            for start in range(lo, hi, group_tiles):
+                stop = min(hi, start + group_tiles)
+                group = slice(start - c0, stop - c0)
+                first, last = start * SPARSE_TILE, min(stop * SPARSE_TILE, plan.tokens)
+                space, step = plan.workspace.space(written + last * dim, stop - start, per_group)
+                queries = qh[first:stop * SPARSE_TILE].float()
+                result = _attend_group(queries, keys, chosen[start - lo:stop - lo], k_tiles, v_tiles,
+                                       plan.key_bias, plan.scale, step, None if tail is None else tail[group],
+                                       space)
+                if coarse is not None:
+                    rows_gate = gate[first:stop * SPARSE_TILE].float()
+                    result.addcmul_(rows_gate.view(-1, SPARSE_TILE, dim), coarse[group, None])
+                if last > first:
+                    out_h[first:last] = result.view(-1, dim)[:last - first]
+
+
 class _GatherSpace:
-    """Buffers for one step's gathered key and value tiles and their scores, allocated once per call.
+    """Buffers for one step's gathered key and value tiles and their float32 scores."""
 
-    Reusing them keeps a long call from asking the allocator for megabytes thousands of times, which
-    costs page faults and leaves a fragmented heap resident.
-    """
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor):
+        self.keys, self.values, self.scores = keys, values, scores
 
-    def __init__(self, tiles: int, dim: int, dtype: torch.dtype, device: torch.device):
-        self.keys = torch.empty(tiles * SPARSE_TILE * dim, dtype=dtype, device=device)
-        self.values = torch.empty_like(self.keys)
-        self.scores = torch.empty(tiles * SPARSE_TILE * SPARSE_TILE, device=device)
+    @classmethod
+    def allocate(cls, tiles: int, dim: int, dtype: torch.dtype, device: torch.device) -> "_GatherSpace":
+        keys = torch.empty(tiles * SPARSE_TILE * dim, dtype=dtype, device=device)
+        return cls(keys, torch.empty_like(keys), torch.empty(tiles * SPARSE_TILE * SPARSE_TILE, device=device))
+
+    @classmethod
+    def within(cls, region: torch.Tensor, tiles: int, dim: int) -> "_GatherSpace":
+        """Views of a float32 region of `tiles * _Workspace.tile_elements(dim)` elements."""
+        rows = tiles * SPARSE_TILE * dim
+        return cls(region[:rows], region[rows:2 * rows], region[2 * rows:])
 
     def gather(self, source: torch.Tensor, index: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
         """source (N, 64, D) tiles at `index` (G, S) -> (G, S*64, D) float32."""
@@ -409,6 +452,42 @@ class _GatherSpace:
         rows = into[:group * count * SPARSE_TILE * source.shape[-1]].view(group * count, SPARSE_TILE, -1)
         torch.index_select(source, 0, index.flatten(), out=rows)
         return rows.float().view(group, count * SPARSE_TILE, -1)
+
+
+class _Workspace:
+    """Where each step's gathered tiles and scores live.
+
+    A float32 output has room to spare: the elements after the rows being computed are not written
+    until the call reaches them, and will be touched by then anyway, so buffers cut from there cost no
+    memory beyond the output. Near the output's end the steps shrink to fit, down to one key tile, and
+    only the last few groups take a small allocation. Other output dtypes use one buffer allocated on
+    first need and reused.
+    """
+
+    def __init__(self, out: torch.Tensor, key_dtype: torch.dtype, dim: int, budget: int):
+        self.flat = out.view(-1) if out.dtype == key_dtype == torch.float32 and out.is_contiguous() else None
+        self.dim, self.key_dtype, self.device = dim, key_dtype, out.device
+        self.most = max(1, budget // (self.tile_elements(dim) * 4))
+        self.own: _GatherSpace | None = None
+
+    @staticmethod
+    def tile_elements(dim: int) -> int:
+        """Elements one gathered key tile takes: its keys, its values and one score row per query row."""
+        return SPARSE_TILE * (2 * dim + SPARSE_TILE)
+
+    def space(self, after: int, group: int, per_group: int) -> tuple[_GatherSpace, int]:
+        """Buffers for `group` query tiles taking up to `per_group` key tiles a step, and the key tiles a
+        step they hold; output elements from `after` on are free."""
+        per_tile = self.tile_elements(self.dim) * group
+        if self.flat is not None:
+            fit = min(per_group, (self.flat.numel() - after) // per_tile)
+            if fit >= 1:
+                return _GatherSpace.within(self.flat[after:after + fit * per_tile], group * fit, self.dim), fit
+            return _GatherSpace.allocate(group, self.dim, self.key_dtype, self.device), 1
+        if self.own is None:
+            self.own = _GatherSpace.allocate(max(self.most, group * per_group), self.dim, self.key_dtype,
+                                             self.device)
+        return self.own, per_group
 
 
 def _attend_group(queries: torch.Tensor, keys: _KeyTiles, chosen: torch.Tensor, k_tiles, v_tiles,

@@ -68,6 +68,19 @@ def test_blockwise_folds_many_small_groups_like_one(monkeypatch):
     torch.testing.assert_close(tight[:, :, live], roomy[:, :, live], atol=1e-5, rtol=1e-5)
 
 
+def test_gathering_into_the_outputs_spare_rows_matches_gathering_into_its_own_buffers(monkeypatch):
+    # float32 gathers into output rows not yet computed (shrinking steps near the end), float64 into
+    # buffers of its own; a budget of a few tiles makes both take many steps.
+    q, k, v, gate, tile_len = inputs(seed=4)
+    monkeypatch.setitem(attention_module.SPARSE_WORKING_BYTES, "cpu", 3 * 64 * (2 * 32 + 64) * 4)
+    options = dict(keep_ratio=0.3, sink_blocks=(0, 1), sink_rows=(0, 1), tile_len=tile_len, pooled_tail=True)
+    spare = block_sparse_attention(q, k, v, coarse_gate=gate, backend="blockwise", **options)
+    own = block_sparse_attention(q.double(), k.double(), v.double(), coarse_gate=gate.double(), backend="blockwise",
+                                 **options)
+    live = live_rows(TOKENS, tile_len)
+    torch.testing.assert_close(spare[:, :, live], own[:, :, live].float(), atol=1e-5, rtol=1e-5)
+
+
 def test_bfloat16_inputs_give_bfloat16_close_to_the_reference():
     q, k, v, gate, _ = inputs(seed=2, batch=1)
     options = dict(keep_ratio=0.3, pooled_tail=False, sink_blocks=(0, 1), sink_rows=(0, 1))
