@@ -119,10 +119,23 @@ def _plain(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- inputs and outputs
-class Input:
-    """One input of a V3 node: a link socket unless a widget type says otherwise."""
+class _Socket:
+    """What inputs and outputs share: the value type they belong to and the type name written for them."""
 
-    Parent: ClassVar[Any] = None  # the type (Image, Int, ...) this input class belongs to
+    Parent: ClassVar[Any] = None  # the type (Image, Int, ...) this class belongs to
+
+    @property
+    def io_type(self) -> str:
+        """The type name links are checked against."""
+        return self.Parent.io_type
+
+    def get_io_type(self) -> str:
+        """The type written for this socket (a widget may override its parent's)."""
+        return self.io_type
+
+
+class Input(_Socket):
+    """One input of a V3 node: a link socket unless a widget type says otherwise."""
 
     def __init__(self, id: str, display_name: str | None = None, optional: bool = False,
                  tooltip: str | None = None, lazy: bool | None = None, extra_dict: dict | None = None,
@@ -135,15 +148,6 @@ class Input:
         self.extra_dict = dict(extra_dict) if extra_dict else {}
         self.rawLink = raw_link
         self.advanced = advanced
-
-    @property
-    def io_type(self) -> str:
-        """The type name links are checked against."""
-        return self.Parent.io_type
-
-    def get_io_type(self) -> str:
-        """The type written for this input (a widget may override its parent's)."""
-        return self.io_type
 
     def as_dict(self) -> dict[str, Any]:
         """The input's options, named as in a classic node's INPUT_TYPES."""
@@ -177,10 +181,8 @@ class WidgetInput(Input):
                                             widgetType=self.widget_type, forceInput=self.force_input)
 
 
-class Output:
+class Output(_Socket):
     """One output of a V3 node."""
-
-    Parent: ClassVar[Any] = None
 
     def __init__(self, id: str | None = None, display_name: str | None = None, tooltip: str | None = None,
                  is_output_list: bool = False) -> None:
@@ -188,15 +190,6 @@ class Output:
         self.display_name = display_name if display_name else id
         self.tooltip = tooltip
         self.is_output_list = is_output_list
-
-    @property
-    def io_type(self) -> str:
-        """The type of value this output gives."""
-        return self.Parent.io_type
-
-    def get_io_type(self) -> str:
-        """The type written for this output."""
-        return self.io_type
 
     def as_dict(self) -> dict[str, Any]:
         """The output's options."""
