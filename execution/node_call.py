@@ -105,38 +105,31 @@ class NodeCaller:
     async def call(self, slot: Slot, gathered: dict[str, list[Any]]) -> Called:
         """Call the node once per element of its list inputs and gather what the calls return."""
         node, spec = slot.node, slot.spec
-        execute, group, is_async = spec.execute, spec.group_arguments, spec.is_async
+        execute, group = spec.execute, spec.group_arguments
         called = Called([[] for _ in spec.outputs], {}, [])
         calls = call_arguments(spec.input_is_list, gathered)
         context = self.context(node)
         for args in calls:
-            token = run_context.activate(context)
-            try:
-                result = execute(**group(args))
-                if type(result) is not tuple and inspect.isawaitable(result):   # a tuple never is: skip the check
-                    if not is_async:
-                        raise TypeError(f"node '{spec.node_id}' returned an awaitable from a non-async execute")
-                    result = await result
-            except RunFailure:
-                raise
-            except run_context.ExecutionInterrupted as stop:
-                raise RunFailure.interrupted(node) from stop
-            except Exception as exc:
-                raise RunFailure.node_raised(node, exc, gathered) from exc
-            finally:
-                run_context.deactivate(token)
+            result = await self._invoke(node, execute, group(args), gathered, context, may_await=spec.is_async)
             _collect(node, spec, result, called, gathered)
         called.calls = len(calls)
         called.ui = called.ui or None
         return called
 
-    async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict) -> Any:
-        token = run_context.activate(self.context(node))
+    async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict,
+                      context: run_context.RunContext | None = None, *, may_await: bool = True) -> Any:
+        """One call of a node's function (its execute or a hook) inside its run context; what it raises
+        becomes the job's failure, naming the node."""
+        token = run_context.activate(context or self.context(node))
         try:
             result = fn(**kwargs)
-            if inspect.isawaitable(result):
+            if type(result) is not tuple and inspect.isawaitable(result):   # a tuple never is: skip the check
+                if not may_await:
+                    raise TypeError(f"node '{node.class_type}' returned an awaitable from a non-async execute")
                 result = await result
             return result
+        except RunFailure:
+            raise
         except run_context.ExecutionInterrupted as stop:
             raise RunFailure.interrupted(node) from stop
         except Exception as exc:

@@ -322,3 +322,27 @@ def test_each_node_ends_its_run_released_and_the_state_prints(registry, paths, m
     # The unchanged re-run is served at its output: the sources are never needed, so they stay idle.
     assert second.slots["out"].phase is Phase.RELEASED
     assert {second.slots[n].phase for n in ("0", "1", "2", "3")} == {Phase.IDLE}
+
+
+def test_a_plain_execute_returning_an_awaitable_fails_its_node(paths):
+    from nodes.registry import NodeRegistry
+    from nodes.spec import NodeSpec, Output
+
+    async def later():
+        return (1,)
+
+    pending = []
+
+    def sneaky():
+        pending.append(later())
+        return pending[-1]
+
+    reg = NodeRegistry()
+    reg.register(NodeSpec("Sneaky", sneaky, outputs=[Output("INT")], output_node=True))
+    result = Executor(reg, cache=make_cache("none"), paths=paths).run(
+        validate_prompt({"s": {"class_type": "Sneaky", "inputs": {}}}, reg), prompt_id="p")
+    for coroutine in pending:
+        coroutine.close()
+    assert result.status == "error"
+    assert result.error["node_id"] == "s" and result.error["exception_type"] == "TypeError"
+    assert "non-async execute" in result.error["exception_message"]
