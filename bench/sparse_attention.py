@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -144,8 +144,8 @@ def main() -> None:
                   f"{row['memory_ratio']:.3f}x {'met' if goals[row['device']]['memory'] else 'NOT met'}")
     print(f"total {time.perf_counter() - started:.0f} s")
     print(json.dumps({"bench": "sparse_attention", "keep": KEEP, "head_dim": HEAD_DIM, "heads": args.heads,
-                      "threads": args.threads, "omp_wait_policy": "PASSIVE" if args.passive else "default", "goal_time_ratio": GOAL_TIME_RATIO, "goals_met": goals,
-                      "results": rows}))
+                      "threads": args.threads, "omp_wait_policy": "PASSIVE" if args.passive else "default",
+                      "goal_time_ratio": GOAL_TIME_RATIO, "goals_met": goals, "results": rows}))
 
 
 if __name__ == "__main__":

@@ -140,9 +140,6 @@ class OutputCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, signature: str) -> bool:
-        return signature in self._entries
-
     def held(self) -> Container[str]:
         """The signatures held now, as a live view: membership without a Python call per test."""
         return self._entries.keys()

@@ -81,8 +81,8 @@ from execution.readiness import Readiness, Slot
 from execution.spec import Registry
 from execution.validation import ValidatedPrompt
 
-# Events kept in JobResult.messages besides going to the bus (the history's status messages).
 _signature = attrgetter("signature")
+# Events kept in JobResult.messages besides going to the bus (the history's status messages).
 _RECORDED = frozenset(("execution_start", "execution_cached", "execution_success", ERROR, INTERRUPTED))
 
 

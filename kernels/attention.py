@@ -167,9 +167,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.
 
 SPARSE_TILE = 64
 _LOG2E = 1.4426950408889634
-# Bytes the blockwise backend's gathered keys, values and scores may take at once. On the CPU, 1 MiB
-# keeps VSA at 49,152 tokens about 0.22x dense SDPA's time (bench/sparse_attention.py); a larger budget
-# gains a little time and costs resident memory.
+# Bytes the blockwise backend's gathered keys, values and scores may take at once (cut from the
+# output's spare rows when it is float32), a sixteenth of it for a chunk's tile choice. On the CPU,
+# 1 MiB keeps VSA at 49,152 tokens near 0.23x dense SDPA's time and below its peak memory
+# (bench/sparse_attention.py).
 SPARSE_WORKING_BYTES = {"cpu": 1 << 20}
 SPARSE_WORKING_BYTES_DEFAULT = 256 << 20
 
@@ -267,8 +268,9 @@ def select_tiles(q_mean: torch.Tensor, k_mean: torch.Tensor, *, scale: float, ke
 
     q_mean, k_mean: (N, D) float32 tile means. See the section comment for the rules.
     """
-    return _KeyTiles(k_mean.clone(), None).select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau,
-                                          sink_blocks=sink_blocks, sink_rows=sink_rows)
+    keys = _KeyTiles(k_mean.clone(), None)
+    return keys.select(q_mean, 0, scale=scale, keep_ratio=keep_ratio, tau=tau, sink_blocks=sink_blocks,
+                       sink_rows=sink_rows)
 
 
 def _prepare(q, k, v, tile_len, coarse_gate, sink_blocks, sink_rows, scale):
@@ -319,7 +321,7 @@ def block_sparse_eager(q, k, v, *, keep_ratio=0.0, tau=1.0, sink_blocks=None, si
                 values = torch.cat([values, keys.v_mean], dim=0)
             result = torch.softmax(token_scores, dim=-1) @ values
             if gate is not None:
-                coarse = torch.softmax(q_mean @ keys.centred.T * scale, dim=-1) @ keys.v_mean
+                coarse = torch.softmax(scores, dim=-1) @ keys.v_mean   # centring leaves a softmax unchanged
                 result = result + gate[b, h].float() * coarse[tile_of_row]
             out[b, h] = result
     return out[:, :, :tokens].to(out_dtype)
@@ -389,6 +391,7 @@ class _Plan:
 def _blockwise_head(plan: _Plan, qh, kh, vh, gate, out_h, written: int) -> None:
     """One head: its (tokens, D) output rows into `out_h`; `written` output elements precede them."""
     tiles, dim = plan.tiles, plan.dim
+    tile_cost = _Workspace.tile_elements(dim) * 4
     keys = _KeyTiles(_tile_means(kh, plan.live, plan.lengths), _tile_means(vh, plan.live, plan.lengths))
     k_tiles, v_tiles = kh.view(tiles, SPARSE_TILE, dim), vh.view(tiles, SPARSE_TILE, dim)
     for c0 in range(0, tiles, plan.chunk):
@@ -410,7 +413,6 @@ def _blockwise_head(plan: _Plan, qh, kh, vh, gate, out_h, written: int) -> None:
             # Each query tile's chosen tiles first, then the dead tile (any order: the softmax is online).
             order = exact[part].to(torch.uint8).topk(width, dim=1)
             chosen = order.indices.masked_fill_(order.values == 0, tiles)
-            tile_cost = _Workspace.tile_elements(dim) * 4
             per_group = max(1, min(width, plan.budget // tile_cost))
             group_tiles = max(1, min(hi - lo, plan.budget // (tile_cost * per_group)))
             for start in range(lo, hi, group_tiles):
@@ -446,12 +448,14 @@ class _GatherSpace:
         rows = tiles * SPARSE_TILE * dim
         return cls(region[:rows], region[rows:2 * rows], region[2 * rows:])
 
-    def gather(self, source: torch.Tensor, index: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
-        """source (N, 64, D) tiles at `index` (G, S) -> (G, S*64, D) float32."""
-        group, count = index.shape
-        rows = into[:group * count * SPARSE_TILE * source.shape[-1]].view(group * count, SPARSE_TILE, -1)
-        torch.index_select(source, 0, index.flatten(), out=rows)
-        return rows.float().view(group, count * SPARSE_TILE, -1)
+
+def _gather_tiles(source: torch.Tensor, index: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+    """source (N, 64, D) tiles at `index` (G, S), copied into the front of the flat buffer `into`
+    -> (G, S*64, D) float32."""
+    group, count = index.shape
+    rows = into[:group * count * SPARSE_TILE * source.shape[-1]].view(group * count, SPARSE_TILE, -1)
+    torch.index_select(source, 0, index.flatten(), out=rows)
+    return rows.float().view(group, count * SPARSE_TILE, -1)
 
 
 class _Workspace:
@@ -508,8 +512,8 @@ def _attend_group(queries: torch.Tensor, keys: _KeyTiles, chosen: torch.Tensor, 
     for s0 in range(0, width, per_group):
         index = chosen[:, s0:s0 + per_group]                            # (G, S)
         real = index.clamp(max=dead - 1)                                # the dead tile reads any keys, masked
-        gathered_keys = space.gather(k_tiles, real, space.keys)        # (G, S*64, D)
-        values = space.gather(v_tiles, real, space.values)
+        gathered_keys = _gather_tiles(k_tiles, real, space.keys)       # (G, S*64, D)
+        values = _gather_tiles(v_tiles, real, space.values)
         scores = space.scores[:queries.numel() // dim * gathered_keys.shape[1]].view(group, SPARSE_TILE, -1)
         torch.baddbmm(shift, queries, gathered_keys.transpose(1, 2), alpha=scale, out=scores)   # (G, 64, S*64)
         scores.add_(key_bias[index].view(group, 1, -1))
