@@ -43,7 +43,8 @@ PROMPT_SCHEMA = {
 _SCHEMA_VALIDATOR = jsonschema.Draft202012Validator(PROMPT_SCHEMA)
 
 INT_MAX = 2**63 - 1
-CUSTOM_VALIDATION_FAILED = "Custom validation failed for node"  # ComfyUI's fixed message, kept for clients
+# The node's own check (its validate_inputs) refused; the error's type says so to clients, the details say why.
+NODE_CHECK_REFUSED = "The node's own input check refused this prompt"
 
 
 @dataclass
@@ -177,8 +178,8 @@ class _NodeChecker:
             cause = missing_cause_text(self.registry, node.class_type)
             self.fail(node, node_error(
                 "missing_node_type", f"Node {node.label}: node type '{node.class_type}' is not registered{cause}",
-                f"Node type '{node.class_type}' not found. "
-                + ("The custom node may not be installed." if not cause else cause.removeprefix("; ") + ".")))
+                f"Weft has no node type '{node.class_type}': "
+                + ("install the node pack that provides it." if not cause else cause.removeprefix("; ") + ".")))
             return False
         normalized = spec.normalize_input_names(node.inputs)
         if normalized is not node.inputs:
@@ -336,9 +337,9 @@ class _NodeChecker:
 
     def custom_failure(self, node: PromptNode, names: list[str], text: str) -> None:
         if not names:
-            self.fail(node, node_error("custom_validation_failed", CUSTOM_VALIDATION_FAILED, text))
+            self.fail(node, node_error("custom_validation_failed", NODE_CHECK_REFUSED, text))
         for name in names:
-            self.fail(node, node_error("custom_validation_failed", CUSTOM_VALIDATION_FAILED,
+            self.fail(node, node_error("custom_validation_failed", NODE_CHECK_REFUSED,
                                        f"{name} - {text}" if text else name,
                                        input_name=name, received_value=node.inputs.get(name)))
 
@@ -471,8 +472,10 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
                                 "class_type": prompt.nodes[nid].class_type if nid in prompt.nodes else None}
     if not good:
         first = next(iter(node_errors.values()))["errors"][0] if node_errors else None
+        # Clients read this top-level message as ComfyUI words it (some match on it where `type` is absent).
         raise PromptError(
-            "prompt_outputs_failed_validation", "Prompt outputs failed validation",
+            "prompt_outputs_failed_validation",
+            "Prompt outputs failed validation",  # provenance: interface
             first["message"] if first else "", node_errors=node_errors)
     # The declared graph rewrites (execution.rewrite) give the graph that runs; `prompt` stays as checked.
     runs = rewrite_prompt(prompt, registry, options)

@@ -114,7 +114,7 @@ def test_custom_validator(registry):
     body = errors_of({"1": {"class_type": "TestValidated", "inputs": {"value": 3}}, "2": out(["1", 0])}, registry)
     [err] = body["node_errors"]["1"]["errors"]
     # ComfyUI's shape: a fixed message, details "<input> - <the node's message>", the input named.
-    assert err["type"] == "custom_validation_failed" and err["message"] == "Custom validation failed for node"
+    assert err["type"] == "custom_validation_failed" and err["message"] == "The node's own input check refused this prompt"
     assert err["details"] == "value - value must be even, got 3"
     assert err["extra_info"]["input_name"] == "value" and err["extra_info"]["received_value"] == 3
 
@@ -152,7 +152,7 @@ def test_custom_validation_failure_names_each_input_the_validator_takes():
         body = errors_of({"1": {"class_type": class_type, "inputs": inputs},
                           "2": {"class_type": "Show", "inputs": {"v": ["1", 0]}}}, reg)
         errors = body["node_errors"]["1"]["errors"]
-        assert {e["message"] for e in errors} == {"Custom validation failed for node"}
+        assert {e["message"] for e in errors} == {"The node's own input check refused this prompt"}
         assert [e["details"].partition(" - ")[0] for e in errors] == [e["extra_info"]["input_name"] for e in errors]
         return [e["details"] for e in errors]
 

@@ -396,7 +396,7 @@ def test_validate_inputs_failures_have_comfyui_s_custom_validation_shape():
     bad = node_errors(registry, {"1": {"class_type": "V3Even", "inputs": {"value": 3, "other": 5}},
                                  "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
     assert [(e["type"], e["message"], e["details"], e["extra_info"]["input_name"]) for e in bad["1"]["errors"]] == [
-        ("custom_validation_failed", "Custom validation failed for node", "value - must be even", "value")]
+        ("custom_validation_failed", "The node's own input check refused this prompt", "value - must be even", "value")]
     raised = node_errors(registry, {"1": {"class_type": "V3Raising", "inputs": {"value": 3}},
                                     "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
     error = raised["1"]["errors"][0]

@@ -275,7 +275,7 @@ def test_a_pack_validator_failure_and_hidden_input_in_comfyuis_shapes(packs_serv
     assert status == 400
     [error] = reply["node_errors"]["4"]["errors"]
     assert (error["type"], error["message"], error["details"]) == (
-        "custom_validation_failed", "Custom validation failed for node", "value - 3 is odd")
+        "custom_validation_failed", "The node's own input check refused this prompt", "value - 3 is odd")
     assert error["extra_info"]["input_name"] == "value"
     status, info = get_json(packs_server.url + "/object_info/HookPackEven")
     assert status == 200 and info["HookPackEven"]["input"]["hidden"] == {"unique_id": "UNIQUE_ID"}
