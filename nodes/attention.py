@@ -117,8 +117,9 @@ NODES = [
                                                  "must be to be kept; higher keeps fewer tiles.")],
                 "sla": [_keep_percent("Share of key tiles each query tile keeps, best first; the sink tiles and "
                                       "the diagonal come on top. Meant for weights trained on this pattern.")],
-                "vsa": [_keep_percent("Share of video cubes each query cube keeps; FastH3 checkpoints were trained "
-                                      "with 10. Their to_gate_compress layers drive the coarse branch.")],
+                "vsa": [_keep_percent("Percent of the 4x4x4 video cubes a cube attends to in full. Use 10 with "
+                                      "FastH3 weights, the value they learned with; their to_gate_compress layers "
+                                      "weigh in the pooled view of all cubes.")],
             }, tooltip="How key tiles are chosen. sol-attn: a per-row threshold, no training needed. sla: a fixed "
                        "share of the best tiles. vsa: FastVideo's video sparse attention over 4x4x4 video cubes "
                        "with a learned coarse branch, for FastH3 weights."),
@@ -127,8 +128,8 @@ NODES = [
             Input.float("end_percent", 1.0, min=0.0, max=1.0, step=0.01,
                         tooltip="How far into sampling sparse attention stops; later steps are dense."),
             _advanced(Input.string("dense_blocks", "",
-                                   tooltip="Transformer blocks that always attend densely, as numbers and ranges: "
-                                           "0, 1, 47-49.")),
+                                   tooltip="Comma list of DiT block numbers (a-b for a run of them) kept on full "
+                                           "attention, e.g. 0, 1, 47-49.")),
             _advanced(Input.int("min_tokens", 12288, min=0, max=1 << 20, step=512,
                                 tooltip="Sequences with fewer rows than this attend densely.")),
             _advanced(Input.int("extra_tokens", 256, min=0, max=256, step=64,

@@ -274,18 +274,23 @@ def _resolution_selector(aspect_ratio: str, megapixels: float, multiple: int = 8
         raise ValueError(f"ResolutionSelector: aspect_ratio {aspect_ratio!r} is not one of {', '.join(ASPECT_RATIOS)}")
     if multiple < 1:
         raise ValueError(f"ResolutionSelector: multiple must be positive, got {multiple}")
-    w_units, h_units = ASPECT_RATIOS[aspect_ratio]
-    # The frame is (w_units * u) x (h_units * u) pixels; its area, megapixels * 2^20, fixes u.
-    pixels_per_unit = math.sqrt(megapixels * 1024 * 1024 / (w_units * h_units))
-    width, height = (round(units * pixels_per_unit / multiple) * multiple for units in (w_units, h_units))
-    if width < minimum or height < minimum:
-        # The smallest size that keeps the exact ratio, is on the grid and reaches the minimum on both sides.
-        step_w = multiple // math.gcd(w_units, multiple)
-        step_h = multiple // math.gcd(h_units, multiple)
-        k_step = step_w * step_h // math.gcd(step_w, step_h)
-        k = math.ceil(math.ceil(max(minimum / w_units, minimum / h_units)) / k_step) * k_step
-        width, height = w_units * k, h_units * k
+    ratio = ASPECT_RATIOS[aspect_ratio]
+    # A frame of this ratio is (ratio[0] * u) x (ratio[1] * u) pixels; its area, megapixels * 2^20, fixes u.
+    unit_px = math.sqrt(megapixels * 1024 * 1024 / math.prod(ratio))
+    size = [multiple * round(side * unit_px / multiple) for side in ratio]
+    if min(size) < minimum:
+        size = _smallest_exact_size(ratio, multiple, minimum)
+    width, height = size
     return int(width), int(height)
+
+
+def _smallest_exact_size(ratio: tuple[int, int], multiple: int, minimum: int) -> list[int]:
+    """The least u with both ratio[i] * u on the `multiple` grid and at least `minimum`, as [width, height]."""
+    # ratio[i] * u is a multiple of `multiple` exactly when u is a multiple of multiple / gcd(ratio[i], multiple).
+    grid_u = math.lcm(*(multiple // math.gcd(side, multiple) for side in ratio))
+    least_u = math.ceil(max(minimum / side for side in ratio))
+    u = grid_u * math.ceil(least_u / grid_u)
+    return [side * u for side in ratio]
 
 
 def _grow(name: str, prefix: str, template: Any, maximum: int) -> Any:
@@ -381,9 +386,9 @@ NODES = [
                         tooltip="Share of the sampling done when the patch stops acting."),
             Input.link("control_video", "IMAGE", optional=True,
                        tooltip="Frames to follow; fitted to the output's size, the last repeated if too few."),
-            Input.link("mask", "MASK", optional=True, tooltip="1 marks the regions to regenerate."),
+            Input.link("mask", "MASK", optional=True, tooltip="Where the patch repaints: 1 is redrawn, 0 follows source_video."),
             Input.link("source_video", "IMAGE", optional=True,
-                       tooltip="Video behind the mask; only read when a mask is given."),
+                       tooltip="Frames kept outside the masked area; ignored without a mask."),
         ],
         outputs=[Output("MODEL")],
         search_aliases=("minimax controlnet", "h3 controlnet", "video inpaint controlnet"),

@@ -174,7 +174,7 @@ def _resize_image_mask(input: torch.Tensor, resize_type: dict, scale_method: str
 def _get_image_size(image: torch.Tensor, unique_id: Any = None) -> tuple[int, int, int]:
     image = check_image("GetImageSize", image)
     count, height, width = int(image.shape[0]), int(image.shape[1]), int(image.shape[2])
-    current().progress(1, 1, text=f"width: {width}, height: {height}\n batch size: {count}")
+    current().progress(1, 1, text=f"{count} x {width}x{height} pixels")
     return width, height, count
 
 

@@ -168,7 +168,8 @@ NODES = [
     NodeSpec(
         node_id="EmptyMiniMaxH3LatentAV", display_name="Empty MiniMax H3 AV Latent", category="model/latent/minimax",
         python_module="comfy_extras.nodes_minimax_h3",
-        description="Joint video+audio latent for MiniMax H3. Duration snaps to the model's 17k+5 frame grid at 24 fps.",
+        description="An all-zero MiniMax H3 latent holding both picture and sound; the length becomes a "
+                    "frame count of the form 5 + 17n, the next one up (24 frames a second).",
         execute=_empty_latent_av,
         inputs=[frame_size_input("width"), frame_size_input("height"), Input.int("length", 124, min=5, max=3600, step=17, tooltip=LENGTH_TOOLTIP)],
         outputs=[Output("LATENT")],

@@ -257,7 +257,7 @@ def test_image_scale_to_total_pixels():
 def test_get_image_size_reports_and_shows_text(ctx, events):
     assert run("GetImageSize", image=torch.zeros(3, 5, 7, 3)) == (7, 5, 3)
     texts = [data["text"] for event, data in events if event == "progress_text"]
-    assert texts == ["width: 7, height: 5\n batch size: 3"]
+    assert texts == ["3 x 7x5 pixels"]
 
 
 # ---------------------------------------------------------------------- declarations, executor
