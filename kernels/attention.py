@@ -175,36 +175,33 @@ SPARSE_WORKING_BYTES = {"cpu": 1 << 20}
 SPARSE_WORKING_BYTES_DEFAULT = 256 << 20
 
 
-def _tile_lengths(tokens: int, tiles: int, tile_len: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """(tiles,) float32 live rows per tile: `tile_len` clamped to [1, rows the tile has], else full tiles."""
-    last = tokens - (tiles - 1) * SPARSE_TILE
-    if tile_len is None:
-        lengths = torch.full((tiles,), float(SPARSE_TILE), device=device)
-    else:
+def _tile_rows(tokens: int, tiles: int, tile_len: torch.Tensor | None,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths (tiles,) float32, live (tiles * 64,) bool): the live rows of each tile, which come first in it.
+
+    A tile holds SPARSE_TILE rows but the last one only what remains of the sequence; `tile_len`, when
+    given, can only lower that, and never below one row.
+    """
+    room = (tokens - SPARSE_TILE * torch.arange(tiles, device=device)).clamp(max=SPARSE_TILE).float()
+    if tile_len is not None:
         if tile_len.numel() != tiles:
             raise ValueError(f"block_sparse_attention: tile_len has {tile_len.numel()} entries for {tiles} tiles "
                              f"of {tokens} tokens")
-        lengths = tile_len.to(device=device, dtype=torch.float32).flatten().clamp(1, SPARSE_TILE)
-    if last < SPARSE_TILE:
-        lengths = lengths.clone()
-        lengths[-1] = lengths[-1].clamp(max=last)
-    return lengths
-
-
-def _live_rows(lengths: torch.Tensor) -> torch.Tensor:
-    """(tiles * 64,) bool: whether each row sits in the live front part of its tile."""
-    return (torch.arange(SPARSE_TILE, device=lengths.device)[None, :] < lengths[:, None]).flatten()
+        room = torch.minimum(room, tile_len.reshape(-1).to(device=device, dtype=torch.float32).clamp(min=1))
+    slot_in_tile = torch.arange(SPARSE_TILE, device=device)
+    return room, (slot_in_tile < room.unsqueeze(1)).reshape(-1)
 
 
 def _tile_means(x: torch.Tensor, live: torch.Tensor | None, lengths: torch.Tensor) -> torch.Tensor:
-    """(N*64, D) rows -> (N, D) float32 mean over each tile's live rows (every row when `live` is None),
-    without a masked copy of x."""
-    tiles = lengths.numel()
-    rows = x.view(tiles, SPARSE_TILE, -1).float()
+    """(N*64, D) rows -> (N, D) float32 mean over each tile's live rows (every row when `live` is None).
+
+    The live rows are summed by a product with the 0/1 mask, so no masked copy of x is made.
+    """
+    per_tile = x.view(lengths.numel(), SPARSE_TILE, x.shape[-1]).float()     # (N, 64, D)
     if live is None:
-        return rows.sum(dim=1).div_(SPARSE_TILE)
-    sums = torch.bmm(live.view(tiles, 1, SPARSE_TILE).float(), rows).squeeze(1)
-    return sums / lengths[:, None]
+        return per_tile.sum(dim=1).div_(SPARSE_TILE)
+    weight = live.view(-1, SPARSE_TILE).to(per_tile.dtype)                   # (N, 64)
+    return torch.einsum("nr,nrd->nd", weight, per_tile) / lengths.unsqueeze(1)
 
 
 def _topk_count(tiles: int, ratio: float) -> int:
@@ -277,8 +274,7 @@ def _prepare(q, k, v, tile_len, coarse_gate, sink_blocks, sink_rows, scale):
     batch, heads, tokens, dim = q.shape
     tiles = -(-tokens // SPARSE_TILE)
     padded = tiles * SPARSE_TILE
-    lengths = _tile_lengths(tokens, tiles, tile_len, q.device)
-    live = _live_rows(lengths)
+    lengths, live = _tile_rows(tokens, tiles, tile_len, q.device)
     if padded != tokens:   # a ragged last tile: pad it; its padding rows are dead
         q, k, v = (F.pad(t, (0, 0, 0, padded - tokens)) for t in (q, k, v))
         if coarse_gate is not None:

@@ -49,7 +49,10 @@ def warn_once(message: str) -> None:
 
 
 def parse_block_list(text: str) -> frozenset[int]:
-    """'0, 1, 47-49' -> {0, 1, 47, 48, 49}; ValueError naming the part that is neither a number nor a range."""
+    """The block numbers a comma list names, a-b standing for a through b (e.g. "3, 8-10" is {3, 8, 9, 10}).
+
+    A part that is not a number or such a run raises ValueError quoting that part.
+    """
     blocks: set[int] = set()
     for part in (p.strip() for p in (text or "").split(",")):
         if not part:
@@ -94,14 +97,14 @@ class SparseAttentionSettings:
             raise ValueError(f"sink_conditioning {self.sink_conditioning!r} is not one of {', '.join(SINK_CONDITIONING)}")
 
     def dense_reason(self, sigma: float, tokens: int, block: int | None = None) -> str | None:
-        """Why a call stays dense whatever its tensors (None: it runs sparse)."""
-        if sigma > self.sigma_start or sigma < self.sigma_end:
-            return f"sigma {sigma:.4g} is outside [{self.sigma_end:.4g}, {self.sigma_start:.4g}]"
-        if tokens < self.min_tokens:
-            return f"{tokens} tokens < min_tokens {self.min_tokens}"
-        if block is not None and block in self.dense_blocks:
-            return f"block {block} is in dense_blocks"
-        return None
+        """What keeps this step (or this block of it) on full attention, as a log line; None when nothing does."""
+        reasons = [
+            (not self.sigma_end <= sigma <= self.sigma_start,
+             lambda: f"sigma {sigma:.4g} lies outside the sparse window {self.sigma_end:.4g}..{self.sigma_start:.4g}"),
+            (tokens < self.min_tokens, lambda: f"the sequence has {tokens} rows, under min_tokens={self.min_tokens}"),
+            (block in self.dense_blocks, lambda: f"block {block} is listed in dense_blocks"),
+        ]
+        return next((describe() for applies, describe in reasons if applies), None)
 
     def note(self, message: str) -> None:
         """Log `message` once when verbose."""
@@ -116,7 +119,7 @@ class TilePlan:
 
     source: torch.Tensor        # (padded rows,) long: the sequence row at each padded position, -1 for padding
     position: torch.Tensor      # (rows,) long: the padded position of each sequence row
-    tile_len: torch.Tensor      # (tiles,) live rows at the front of each tile
+    tile_len: torch.Tensor      # (tiles,) long: how many of each tile's 64 slots hold sequence rows (they come first)
     prefix_tiles: int           # tiles before the video cubes (the sinks)
 
     @property
@@ -135,44 +138,56 @@ class TilePlan:
         return tiled[self.position]
 
 
-def _padded_tiles(start: int, stop: int) -> torch.Tensor:
-    count = stop - start
-    tiles = torch.full((math.ceil(count / SPARSE_TILE) * SPARSE_TILE,), -1, dtype=torch.long)
-    tiles[:count] = torch.arange(start, stop)
-    return tiles.view(-1, SPARSE_TILE)
+def _cube_slots(grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where VSA puts each row of a (t, h, w) patch grid stored in (t, h, w) order: (slot (rows,), live (cubes,)).
 
-
-def _video_cubes(start: int, grid: tuple[int, int, int]) -> torch.Tensor:
-    """Rows of a (t, h, w) patch grid stored in (t, h, w) order from `start`, as 4x4x4 cubes, live rows first."""
-    padded = tuple(math.ceil(g / c) * c for g, c in zip(grid, VSA_CUBE))
-    index = torch.full(padded, -1, dtype=torch.long)
-    index[:grid[0], :grid[1], :grid[2]] = torch.arange(start, start + math.prod(grid)).view(grid)
-    (ct, ch, cw), (pt, ph, pw) = VSA_CUBE, padded
-    cubes = index.view(pt // ct, ct, ph // ch, ch, pw // cw, cw).permute(0, 2, 4, 1, 3, 5).reshape(-1, SPARSE_TILE)
-    live_first = torch.argsort((cubes < 0).to(torch.int8), dim=1, stable=True)
-    return torch.gather(cubes, 1, live_first)
+    The grid is cut into VSA_CUBE cubes, in (t, h, w) order of cube; cubes at the far edges are cut short.
+    Cube c owns slots [64c, 64c + 64) and fills the first `live[c]` of them with its rows in (t, h, w)
+    order, so a row's slot is 64 * its cube + its rank inside the cube's live box.
+    """
+    coords = torch.meshgrid(*(torch.arange(n) for n in grid), indexing="ij")       # 3 x (t, h, w)
+    cube_index = torch.zeros(grid, dtype=torch.long)
+    rank = torch.zeros(grid, dtype=torch.long)
+    extents = []
+    for axis, (n, side) in enumerate(zip(grid, VSA_CUBE)):
+        cube_of = coords[axis] // side
+        # The cube's live length along this axis: `side`, or what is left at the grid's far edge.
+        extent = (n - side * torch.arange(math.ceil(n / side))).clamp(max=side)
+        cube_index = cube_index * extent.numel() + cube_of
+        rank = rank * extent[cube_of] + coords[axis] % side
+        extents.append(extent)
+    live = (extents[0][:, None, None] * extents[1][None, :, None] * extents[2][None, None, :]).reshape(-1)
+    return (cube_index * SPARSE_TILE + rank).reshape(-1), live
 
 
 def vsa_plan(layout: PackedLayout, latent_t: int, latent_h: int, latent_w: int) -> TilePlan:
-    """The VSA tiles of a packed sequence whose target video is a (latent_t, latent_h, latent_w) latent."""
+    """The VSA tiles of a packed sequence whose target video is a (latent_t, latent_h, latent_w) latent.
+
+    Segments before the video keep their order, each starting a fresh tile; the video follows in cubes.
+    """
     grid = (latent_t, latent_h // 2, latent_w // 2)
-    prefix, video = [], []
+    position = torch.empty(layout.seq_len, dtype=torch.long)
+    tile_len: list[torch.Tensor] = []
+    tiles_before = prefix_tiles = 0
     for seg in layout.segments:
+        rows = seg.stop - seg.start
         if seg.role is SegmentRole.VIDEO:
-            if seg.stop - seg.start != math.prod(grid):
-                raise ValueError(f"VSA: the video segment has {seg.stop - seg.start} rows, not the {grid} patch grid")
-            video.append(_video_cubes(seg.start, grid))
-        elif video:
+            if rows != math.prod(grid):
+                raise ValueError(f"VSA: the video segment has {rows} rows, not the {grid} patch grid")
+            slot, live = _cube_slots(grid)
+        elif tiles_before > prefix_tiles:
             raise ValueError(f"VSA: segment {seg.role.value} follows the target video; the layout puts the video last")
         else:
-            prefix.append(_padded_tiles(seg.start, seg.stop))
-    tiles = torch.cat(prefix + video)
-    source = tiles.reshape(-1)
-    live = source >= 0
-    position = torch.empty(layout.seq_len, dtype=torch.long)
-    position[source[live]] = torch.nonzero(live).flatten()
-    prefix_tiles = sum(t.shape[0] for t in prefix)
-    return TilePlan(source, position, (tiles >= 0).sum(dim=1), prefix_tiles)
+            slot = torch.arange(rows)
+            live = (rows - SPARSE_TILE * torch.arange(math.ceil(rows / SPARSE_TILE))).clamp(max=SPARSE_TILE)
+        position[seg.start:seg.stop] = tiles_before * SPARSE_TILE + slot
+        tile_len.append(live)
+        tiles_before += live.numel()
+        if seg.role is not SegmentRole.VIDEO:
+            prefix_tiles = tiles_before
+    source = torch.full((tiles_before * SPARSE_TILE,), -1, dtype=torch.long)
+    source[position] = torch.arange(layout.seq_len)
+    return TilePlan(source, position, torch.cat(tile_len), prefix_tiles)
 
 
 @dataclass
@@ -224,8 +239,8 @@ def sparse_call(settings: SparseAttentionSettings | None, layout: PackedLayout, 
         return None
     if settings.method == "vsa":
         if not has_gate:
-            warn_once("VSA: this model has no to_gate_compress layers (not a FastH3 checkpoint); "
-                      "the coarse branch is left out")
+            warn_once("VSA without attn.to_gate_compress weights (a FastH3 checkpoint has them): attention runs "
+                      "on the chosen cubes only, with no pooled view of the others")
         plan = vsa_plan(layout, *video_shape)
         plan = TilePlan(plan.source.to(device), plan.position.to(device), plan.tile_len.to(device), plan.prefix_tiles)
         settings.note(f"VSA over {layout.seq_len} rows: {plan.padded_rows} padded rows, "

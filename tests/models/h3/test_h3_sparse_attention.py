@@ -36,13 +36,18 @@ def test_vsa_tiles_hold_each_row_once_prefix_segments_apart_and_video_in_cubes()
     video = layout.segment(packing.SegmentRole.VIDEO)
     grid = (lt, lh // 2, lw // 2)                               # 5 x 5 x 6 patches -> 2 x 2 x 2 cubes
     assert tiles.shape[0] - plan.prefix_tiles == 8
+    cubes = []
     for tile, length in zip(tiles[3:], plan.tile_len[3:]):
         rows = tile[:length] - video.start
         assert (tile[length:] == -1).all() and (rows >= 0).all()
+        assert (rows[1:] > rows[:-1]).all()                     # inside a cube, rows keep their (t, h, w) order
         t, rest = rows // (grid[1] * grid[2]), rows % (grid[1] * grid[2])
         h, w = rest // grid[2], rest % grid[2]
         for axis in (t, h, w):                                  # one 4x4x4 cube of the grid
             assert axis.max() // 4 == axis.min() // 4
+        cubes.append((int(t[0]) // 4, int(h[0]) // 4, int(w[0]) // 4))
+    assert cubes == sorted(cubes) and len(set(cubes)) == len(cubes)    # cubes in (t, h, w) order
+    assert plan.tile_len[3:].tolist() == [64, 32, 16, 8, 16, 8, 4, 2]   # edge cubes: 1 frame, 1 row, 2 columns
     assert int(plan.tile_len[3:].sum()) == video.stop - video.start
 
 
