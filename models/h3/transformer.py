@@ -352,7 +352,7 @@ class H3Transformer(nn.Module):
         return self.condition_proj.weight.dtype
 
     def refine_text(self, text: torch.Tensor) -> torch.Tensor:
-        """(L, text_dim) text-encoder states -> (L, hidden) refined text rows."""
+        """The text rows the blocks attend to: the encoder's (L, text_dim) states, projected and refined."""
         return self.token_refiner(self.condition_proj(text.to(self.compute_dtype)))
 
     def rope_tables(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,12 +364,16 @@ class H3Transformer(nn.Module):
 
     def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
         """(M,) timesteps in [0, 1] (1 = clean) -> (M, time_embed_dim)."""
-        if self.config.adaln_curve_points is not None:
-            table = self.adaln_t_table.float()
-            pos = t.float().clamp(0.0, 1.0) * (table.shape[0] - 1)
-            lo = pos.floor().long().clamp(max=table.shape[0] - 2)
-            return torch.lerp(table[lo], table[lo + 1], (pos - lo).unsqueeze(1))
-        return self.time_embedder(t).to(self.compute_dtype)
+        if self.config.adaln_curve_points is None:
+            return self.time_embedder(t).to(self.compute_dtype)
+        # The table samples a curve at t = k / (rows - 1), linear between samples: the embedding is a
+        # weighted sum of rows (as the tiled decoders sum weighted tiles), row k weighing 1 - |place - k|
+        # and nothing beyond one step, so at most two rows count and a t on the grid takes its row exactly.
+        table = self.adaln_t_table.float()                                   # (rows, time_embed_dim)
+        place = t.float().clamp(0.0, 1.0) * (table.shape[0] - 1)            # (M,)
+        grid = torch.arange(table.shape[0], device=place.device, dtype=place.dtype)
+        weights = (1.0 - (place[:, None] - grid[None, :]).abs()).clamp(min=0.0)   # (M, rows)
+        return weights @ table
 
     def forward(self, video: torch.Tensor, audio: torch.Tensor, context: torch.Tensor,
                 sigma_video: float, sigma_audio: float, *, context_mask: torch.Tensor | None = None,
