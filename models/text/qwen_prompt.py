@@ -34,7 +34,7 @@ them untouched; the patches then equal transformers' Qwen3-VL processor's bit fo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
@@ -157,18 +157,22 @@ def fit_to_patch_grid(height: int, width: int, *, min_pixels: int = MIN_PIXELS,
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise ValueError(f"an image for the Qwen3-VL encoder must be less elongated than {MAX_ASPECT_RATIO}:1, "
                          f"got {height}x{width} (height x width)")
-    fitted_h = round(height / GRID_MULTIPLE) * GRID_MULTIPLE
-    fitted_w = round(width / GRID_MULTIPLE) * GRID_MULTIPLE
-    if fitted_h * fitted_w > max_pixels:
-        # scale both sides by the same factor, rounding down so the area stays under the bound
-        shrink = math.sqrt(height * width / max_pixels)
-        fitted_h = max(GRID_MULTIPLE, math.floor(height / shrink / GRID_MULTIPLE) * GRID_MULTIPLE)
-        fitted_w = max(GRID_MULTIPLE, math.floor(width / shrink / GRID_MULTIPLE) * GRID_MULTIPLE)
-    elif fitted_h * fitted_w < min_pixels:
-        grow = math.sqrt(min_pixels / (height * width))
-        fitted_h = math.ceil(height * grow / GRID_MULTIPLE) * GRID_MULTIPLE
-        fitted_w = math.ceil(width * grow / GRID_MULTIPLE) * GRID_MULTIPLE
-    return fitted_h, fitted_w
+    sides = (height, width)
+    fitted = [_on_grid(side, round) for side in sides]
+    area = height * width
+    if fitted[0] * fitted[1] > max_pixels:
+        # One factor for both sides keeps the shape; rounding down then keeps the area within the bound.
+        factor = math.sqrt(area / max_pixels)
+        fitted = [max(GRID_MULTIPLE, _on_grid(side / factor, math.floor)) for side in sides]
+    elif fitted[0] * fitted[1] < min_pixels:
+        factor = math.sqrt(min_pixels / area)
+        fitted = [_on_grid(side * factor, math.ceil) for side in sides]
+    return fitted[0], fitted[1]
+
+
+def _on_grid(length: float, to_int: Callable[[float], int]) -> int:
+    """`length` as a whole number of GRID_MULTIPLE pixels, `to_int` choosing how the count is rounded."""
+    return to_int(length / GRID_MULTIPLE) * GRID_MULTIPLE
 
 
 def preprocess_image(image: torch.Tensor) -> VisualItem:
