@@ -468,26 +468,28 @@ class MultiType:
         def __init__(self, id: str | Input, types: list, display_name: str | None = None, optional: bool = False,
                      tooltip: str | None = None, lazy: bool | None = None, extra_dict: dict | None = None,
                      raw_link: bool | None = None, advanced: bool | None = None) -> None:
-            self.input_override = None
-            if isinstance(id, Input):
-                self.input_override = copy.copy(id)
-                optional = optional or id.optional
-                tooltip = id.tooltip if id.tooltip is not None else tooltip
-                display_name = id.display_name if id.display_name is not None else display_name
-                lazy = id.lazy if id.lazy is not None else lazy
-                id = id.id
-            super().__init__(id, display_name, optional, tooltip, lazy, extra_dict, raw_link, advanced)
+            wrapped = copy.copy(id) if isinstance(id, Input) else None
+            if wrapped is not None:
+                # What the wrapped input states wins over the arguments; it is optional if either one is.
+                inherited = {name: getattr(wrapped, name) for name in ("display_name", "tooltip", "lazy")}
+                display_name = inherited["display_name"] if inherited["display_name"] is not None else display_name
+                tooltip = inherited["tooltip"] if inherited["tooltip"] is not None else tooltip
+                lazy = inherited["lazy"] if inherited["lazy"] is not None else lazy
+                optional = optional or wrapped.optional
+            self.input_override = wrapped
+            super().__init__(wrapped.id if wrapped is not None else id, display_name, optional, tooltip, lazy,
+                             extra_dict, raw_link, advanced)
             self.types = list(types)
 
         def get_io_type(self) -> str:
-            names = [t.io_type for t in self.types]
-            if self.input_override is not None:
-                names.insert(0, self.input_override.get_io_type())
-            return ",".join(dict.fromkeys(names))
+            own = [] if self.input_override is None else [self.input_override.get_io_type()]
+            # Repeats dropped, first mention first.
+            return ",".join(dict.fromkeys(own + [t.io_type for t in self.types]))
 
         def as_dict(self) -> dict[str, Any]:
-            own = super().as_dict()
-            return (self.input_override.as_dict() | own) if self.input_override is not None else own
+            merged = {} if self.input_override is None else dict(self.input_override.as_dict())
+            merged.update(super().as_dict())
+            return merged
 
 
 @comfytype("COMFY_MATCHTYPE_V3")
