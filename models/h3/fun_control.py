@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -146,38 +146,57 @@ class FunControlNet(nn.Module):
         self.control_blocks = nn.ModuleList([ControlLayer(block_cfg, first=i == 0)
                                              for i in range(len(cfg.injection_layers))])
 
-    def open_stream(self, stream: torch.Tensor, hint_rows: torch.Tensor, context: BlockContext) -> torch.Tensor:
-        """The control stream at the first injection layer, from the stream entering it and the hint rows."""
-        width = self.control_blocks[0].adaln_proj.linear.in_features
-        if context.t_emb.shape[-1] != width:
-            raise ValueError(f"the patch's modulation takes {width}-wide time embeddings but the model gives "
-                             f"{context.t_emb.shape[-1]}: one is curve-form (pruned) and the other is not; use a "
+    def check_modulation(self, time_embedding_width: int) -> None:
+        """Refuse a model whose time embeddings are not the width this patch's modulation reads."""
+        expected = self.control_blocks[0].adaln_proj.linear.in_features
+        if time_embedding_width != expected:
+            raise ValueError(f"the patch's modulation takes {expected}-wide time embeddings but the model gives "
+                             f"{time_embedding_width}: one is curve-form (pruned) and the other is not; use a "
                              "patch made for this model's form")
-        dtype = self.control_proj_in.weight.dtype if self.control_proj_in.weight.is_floating_point() else torch.float32
+
+    def project_hint(self, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """control_proj_in over hint rows, returned on `like`'s device and dtype.
+
+        The layer is float32 in the released files; a quantized one computes in float32.
+        """
+        weight = self.control_proj_in.weight
+        compute_dtype = weight.dtype if weight.is_floating_point() else torch.float32
+        return self.control_proj_in(rows.to(like.device, compute_dtype)).to(like.dtype)
+
+    def open_stream(self, stream: torch.Tensor, hint_rows: torch.Tensor, context: BlockContext) -> torch.Tensor:
+        """The control stream at the first injection layer, from the stream entering it and the hint rows.
+
+        Target video rows take the projected hint; keyframe and reference video rows take the projection
+        of an all-zero hint; every other row (text, audio) keeps the stream's value.
+        """
+        self.check_modulation(context.t_emb.shape[-1])
         control = stream.clone()
         for seg in context.layout.segments:
             if seg.role is Role.VIDEO:
-                rows = hint_rows
+                hint = hint_rows
             elif seg.role in VISUAL_CONDITION_ROLES:
-                rows = hint_rows.new_zeros(seg.stop - seg.start, hint_rows.shape[1])
+                hint = torch.zeros(seg.stop - seg.start, hint_rows.shape[1], dtype=hint_rows.dtype,
+                                   device=hint_rows.device)
             else:
                 continue
-            control[seg.start:seg.stop] = self.control_proj_in(rows.to(stream.device, dtype)).to(stream.dtype)
-        return self.control_blocks[0].before_proj(control) + stream
+            control[seg.start:seg.stop] = self.project_hint(hint, stream)
+        return stream + self.control_blocks[0].before_proj(control)
 
-    def step(self, index: int, control: torch.Tensor, context: BlockContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """(next control stream, its skip) from control block `index`."""
-        block = self.control_blocks[index]
-        control = block(control, context.t_emb, context.rows, context.rope)
-        return control, block.after_proj(control)
+    def advance(self, order: int, control: torch.Tensor, context: BlockContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run control block `order`: (the control stream after it, the skip it adds to the base stream)."""
+        layer = self.control_blocks[order]
+        after = layer(control, context.t_emb, context.rows, context.rope)
+        return after, layer.after_proj(after)
 
 
 def hint_rows(hint: torch.Tensor, width: int) -> torch.Tensor:
     """(C, T, H, W) hint latent -> float32 rows of its 2x2 patches, zero-padded to `width` values."""
-    rows = packing.patchify_video(packing.pad_to_patches(hint.float()))
-    if rows.shape[1] > width:
-        raise ValueError(f"the control hint has {rows.shape[1]} values per patch but the patch takes {width}")
-    return F.pad(rows, (0, width - rows.shape[1]))
+    patches = packing.patchify_video(packing.pad_to_patches(hint.float()))     # (rows, C * 4)
+    if patches.shape[1] > width:
+        raise ValueError(f"the control hint has {patches.shape[1]} values per patch but the patch takes {width}")
+    rows = patches.new_zeros(patches.shape[0], width)
+    rows[:, :patches.shape[1]] = patches
+    return rows
 
 
 def hint_frame_count(latent_t: int) -> int:
@@ -185,92 +204,108 @@ def hint_frame_count(latent_t: int) -> int:
     return max((latent_t - 2) // 5, 0) * 17 + 5
 
 
-class FunControlHook:
-    """A block hook (models/h3/transformer.py) that runs a Fun ControlNet patch inside the H3 transformer.
+Encode = Callable[[torch.Tensor], torch.Tensor]
+Fit = Callable[[torch.Tensor, int, int], torch.Tensor]
 
-    `encode(frames (T, H, W, 3) in 0..1) -> (1, 24, T', H/16, W/16)` is the video VAE; `fit(frames, width,
-    height) -> frames` resizes with a centre crop. The hint is built on first use for each latent size.
+
+def control_hint(size: tuple[int, int, int], *, encode: Encode, fit: Fit, control_video: torch.Tensor | None,
+                 mask: torch.Tensor | None, source_video: torch.Tensor | None,
+                 masked_pixels_post_norm: bool = False) -> torch.Tensor:
+    """The (C, T', H, W) hint latent for a target of latent size `size` = (T', H, W).
+
+    `encode(frames (T, H, W, 3) in 0..1) -> (1, 24, T', H, W)` is the video VAE and `fit(frames, width, height)`
+    resizes with a centre crop. Without a mask the hint is the encoded control video (24 channels); with one
+    it is [encoded control video, or zeros | where the source shows (1) | the encoded source, blanked where
+    the mask repaints] (49 channels), the middle channel brought to latent size by trilinear resampling.
     """
+    latent_t, latent_h, latent_w = size
+    frame_count = hint_frame_count(latent_t)
+    width, height = latent_w * SPATIAL_RATIO, latent_h * SPATIAL_RATIO
 
-    def __init__(self, net: FunControlNet, encode: Callable[[torch.Tensor], torch.Tensor],
-                 fit: Callable[[torch.Tensor, int, int], torch.Tensor], *, strength: float,
-                 sigma_start: float, sigma_end: float, control_video: torch.Tensor | None = None,
-                 mask: torch.Tensor | None = None, source_video: torch.Tensor | None = None) -> None:
-        if control_video is None and mask is None:
-            raise ValueError("a Fun ControlNet needs a control video or a mask")
-        self.net = net
-        self.encode = encode
-        self.fit = fit
-        self.strength = float(strength)
-        self.sigma_start, self.sigma_end = float(sigma_start), float(sigma_end)
-        self.control_video, self.mask, self.source_video = control_video, mask, source_video
-        self._hints: dict[tuple[int, int, int], torch.Tensor] = {}
-        self._lock = threading.Lock()
+    def fitted(frames: torch.Tensor) -> torch.Tensor:
+        # A video shorter than the target holds its last frame.
+        missing = frame_count - frames.shape[0]
+        if missing > 0:
+            frames = torch.cat([frames, frames[-1:].expand(missing, *frames.shape[1:])])
+        return fit(frames[:frame_count, ..., :3], width, height)
 
-    def _frames(self, frames: torch.Tensor, count: int, width: int, height: int) -> torch.Tensor:
-        # Too few frames: the last one repeats.
-        index = torch.arange(count).clamp(max=frames.shape[0] - 1)
-        return self.fit(frames[index][..., :3], width, height)
-
-    def _encoded(self, frames: torch.Tensor, size: tuple[int, int, int]) -> torch.Tensor:
-        latent = self.encode(frames).float()[0]
+    def encoded(frames: torch.Tensor) -> torch.Tensor:
+        latent = encode(frames).float()[0]
         if tuple(latent.shape[1:]) != size:
             raise ValueError(f"the control video encodes to latent size {tuple(latent.shape[1:])}, but the target "
                              f"is {size}")
         return latent
 
+    control = None if control_video is None else encoded(fitted(control_video))
+    if mask is None:
+        return control
+    if masked_pixels_post_norm:
+        raise ValueError("this patch fills masked pixels in its 'post_norm' mode, which Weft does not build; "
+                         "use it with a control video and no mask")
+    repaint = (mask.reshape(-1, *mask.shape[-2:]) > 0.5).float()                  # (frames, H0, W0)
+    repaint = fitted(repaint.unsqueeze(-1).expand(*repaint.shape, 3))[..., 0] > 0.5
+    shown = (~repaint).float().unsqueeze(-1)                                       # (T, H, W, 1)
+    source = (torch.zeros(frame_count, height, width, 3) if source_video is None else fitted(source_video))
+    masked_source = encoded(source * shown)
+    shown_latent = F.interpolate(shown[None, None, ..., 0], size=size, mode="trilinear", align_corners=False)[0]
+    if control is None:
+        control = torch.zeros_like(masked_source)
+    return torch.cat([control, shown_latent, masked_source], dim=0)
+
+
+class _ControlRun:
+    """One forward's control stream: started at the first injection layer, advanced at each of them."""
+
+    def __init__(self, hook: "FunControlHook", context: BlockContext, rows: torch.Tensor) -> None:
+        self.net, self.strength, self.context, self.rows = hook.net, hook.strength, context, rows
+        self.order_of = {layer: order for order, layer in enumerate(hook.net.config.injection_layers)}
+        # The patch steers the picture only: its skip is zeroed on every audio row.
+        self.audio_spans = [(seg.start, seg.stop) for seg in context.layout.segments if seg.role in AUDIO_ROLES]
+        self.control: torch.Tensor | None = None
+
+    def __call__(self, index: int, block_input: torch.Tensor, block_output: torch.Tensor) -> torch.Tensor:
+        order = self.order_of.get(index)
+        if order is None:
+            return block_output
+        if order == 0:
+            self.control = self.net.open_stream(block_input, self.rows, self.context)
+        self.control, skip = self.net.advance(order, self.control, self.context)
+        for start, stop in self.audio_spans:
+            skip[start:stop] = 0
+        return torch.add(block_output, skip.to(block_output.dtype), alpha=self.strength)
+
+
+class FunControlHook:
+    """A block hook (models/h3/transformer.py) that runs a Fun ControlNet patch inside the H3 transformer.
+
+    `encode` and `fit` are as `control_hint` takes them; the hint is built on first use for each latent size.
+    """
+
+    def __init__(self, net: FunControlNet, encode: Encode, fit: Fit, *, strength: float,
+                 sigma_start: float, sigma_end: float, control_video: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None, source_video: torch.Tensor | None = None) -> None:
+        if control_video is None and mask is None:
+            raise ValueError("a Fun ControlNet needs a control video or a mask")
+        self.net = net
+        self.strength = float(strength)
+        self.sigma_start, self.sigma_end = float(sigma_start), float(sigma_end)
+        self._hint_inputs = dict(encode=encode, fit=fit, control_video=control_video, mask=mask,
+                                 source_video=source_video, masked_pixels_post_norm=net.config.inpaint_post_norm)
+        self._hints: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._lock = threading.Lock()
+
     def hint(self, size: tuple[int, int, int]) -> torch.Tensor:
-        """The (C, T', H, W) hint latent for a target of latent size (T', H, W), built once per size."""
+        """The hint latent for a target of latent size (T', H, W), built once per size."""
         with self._lock:
             if size not in self._hints:
-                self._hints[size] = self._build_hint(size)
+                self._hints[size] = control_hint(size, **self._hint_inputs)
             return self._hints[size]
-
-    def _build_hint(self, size: tuple[int, int, int]) -> torch.Tensor:
-        latent_t, latent_h, latent_w = size
-        count = hint_frame_count(latent_t)
-        width, height = latent_w * SPATIAL_RATIO, latent_h * SPATIAL_RATIO
-        hint = None
-        if self.control_video is not None:
-            hint = self._encoded(self._frames(self.control_video, count, width, height), size)
-        if self.mask is None:
-            return hint
-        if self.net.config.inpaint_post_norm:
-            raise ValueError("this patch fills masked pixels in its 'post_norm' mode, which Weft does not build; "
-                             "use it with a control video and no mask")
-        mask = self.mask.reshape(-1, self.mask.shape[-2], self.mask.shape[-1])
-        mask = (mask > 0.5).float()[..., None].expand(-1, -1, -1, 3)
-        visible = 1.0 - (self._frames(mask, count, width, height)[..., :1] > 0.5).float()   # (T, H, W, 1)
-        if self.source_video is None:
-            source = torch.zeros(count, height, width, 3)
-        else:
-            source = self._frames(self.source_video, count, width, height)
-        masked = self._encoded(source * visible, size)
-        if hint is None:
-            hint = torch.zeros_like(masked)
-        visibility = F.interpolate(visible[None, None, ..., 0], size=size, mode="trilinear", align_corners=False)[0]
-        return torch.cat([hint, visibility, masked], dim=0)
 
     def begin(self, context: BlockContext) -> Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None:
         """The per-forward runner, or None when this step's sigma is outside the patch's range."""
-        if not self.sigma_end <= context.sigma_video <= self.sigma_start or self.strength == 0:
+        if self.strength == 0 or not self.sigma_end <= context.sigma_video <= self.sigma_start:
             return None
         layers = self.net.config.injection_layers
         if layers[-1] >= context.num_layers:
             raise ValueError(f"the patch injects at layers {list(layers)}, but the model has {context.num_layers}")
-        rows = hint_rows(self.hint(context.latent_size), self.net.config.input_width)
-        audio = [(seg.start, seg.stop) for seg in context.layout.segments if seg.role in AUDIO_ROLES]
-        state: dict[str, Any] = {}
-
-        def after_block(index: int, block_input: torch.Tensor, block_output: torch.Tensor) -> torch.Tensor:
-            if index not in layers:
-                return block_output
-            order = layers.index(index)
-            if order == 0:
-                state["control"] = self.net.open_stream(block_input, rows, context)
-            state["control"], skip = self.net.step(order, state["control"], context)
-            for start, stop in audio:
-                skip[start:stop] = 0
-            return torch.add(block_output, skip.to(block_output.dtype), alpha=self.strength)
-
-        return after_block
+        return _ControlRun(self, context, hint_rows(self.hint(context.latent_size), self.net.config.input_width))
