@@ -1,12 +1,8 @@
 """Live previews while a sampler runs: the middle latent frame as a picture, the audio as an energy strip.
 
 A video VAE is registered for previews when VAELoader loads it (by its latent channel count, in the
-runtime's shared services), and its latent-to-pixel projection is fitted from the VAE itself: a few seeded
-random latents are decoded and a least-squares fit maps each latent pixel (its channels and a bias) to the
-pixel patch it decodes to. The patch map is the `taesd-like` decoder; its mean over the patch is the
-`latent2rgb` projection. The fit is kept on the VAE object, in a JSON file beside the model
-(`<model file>.weft-preview.json`, refitted when the model file changes), or read from the model's own
-safetensors metadata (`weft_latent_rgb`: `{"weights": [[r, g, b] per channel], "bias": [r, g, b]}`).
+runtime's shared services, which is where a runtime keeps what its runs share). Its latent-to-pixel
+projection, and every cache of it, is `models/latent_preview.py`'s: this module holds no cache.
 
 The samplers run `with SamplerPreviews.start(latent) as previews:` and call `previews.report(...)` per
 step; drawing happens on a render thread, and a preview that fails is logged once and switched off for
@@ -14,185 +10,23 @@ that run, never failing the job.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from execution.context import RunContext, current
+from models.latent_preview import projection_for
 from nodes.preview_settings import DEFAULT_PREVIEW_SIZE, FULL_DECODE_EVERY, resolve_method
 
 logger = logging.getLogger(__name__)
 
 SOURCES_KEY = "preview_vaes"  # runtime services: {latent channels: the video VAE last loaded with them}
-CACHE_SUFFIX = ".weft-preview.json"
-METADATA_KEY = "weft_latent_rgb"
-FIT_BATCH = 1  # random latents decoded for a fit: one decoder window of 12 x 12 latent pixels gives
-FIT_SIZE = 12  # 144 samples for the 25 unknowns per output of an H3 VAE (192 x 192 pixels, one tile)
-FIT_SEED = 0
 AUDIO_STRIP_WIDTH = 32
 AUDIO_LEVELS = "▁▂▃▄▅▆▇█"
-
-_fit_lock = threading.Lock()
-# Fits by model file identity (device, inode, size, mtime): every runtime of the process, and every
-# hard link of one file, shares one fit.
-_fits_by_file: dict[tuple[int, int, int, int], "LatentProjection"] = {}
-
-
-@dataclass(frozen=True)
-class LatentProjection:
-    """A linear map from one latent pixel (channels, then 1 for the bias) to its decoded pixel patch."""
-
-    weights: torch.Tensor  # (channels + 1, patch * patch * 3), float32
-    patch: int
-
-    @property
-    def channels(self) -> int:
-        """Latent channels the projection reads."""
-        return self.weights.shape[0] - 1
-
-    def rgb_weights(self) -> torch.Tensor:
-        """(channels + 1, 3): the patch map averaged over the patch, one colour per latent pixel."""
-        return self.weights.view(self.weights.shape[0], self.patch * self.patch, 3).mean(dim=1)
-
-    def to_rgb(self, frame: torch.Tensor) -> torch.Tensor:
-        """(channels, h, w) latent -> (h, w, 3) colours in [0, 1]."""
-        return self._apply(frame, self.rgb_weights()).clamp_(0.0, 1.0)
-
-    def to_pixels(self, frame: torch.Tensor) -> torch.Tensor:
-        """(channels, h, w) latent -> (h * patch, w * patch, 3) pixels in [0, 1]."""
-        _, h, w = frame.shape
-        p = self.patch
-        patches = self._apply(frame, self.weights).view(h, w, p, p, 3)
-        return patches.permute(0, 2, 1, 3, 4).reshape(h * p, w * p, 3).clamp_(0.0, 1.0)
-
-    def _apply(self, frame: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        c, h, w = frame.shape
-        if c != self.channels:
-            raise ValueError(f"preview projection reads {self.channels} latent channels, the latent has {c}")
-        flat = frame.detach().to(device="cpu", dtype=torch.float32).permute(1, 2, 0).reshape(h * w, c)
-        return torch.addmm(weights[-1], flat, weights[:-1]).view(h, w, -1)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able form (six significant digits)."""
-        return {"patch": self.patch, "weights": [[float(f"{v:.6g}") for v in row] for row in self.weights.tolist()]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "LatentProjection":
-        """The projection `to_json` wrote; ValueError when the data does not describe one."""
-        weights = torch.tensor(data["weights"], dtype=torch.float32)
-        patch = int(data["patch"])
-        if weights.dim() != 2 or weights.shape[0] < 2 or weights.shape[1] != patch * patch * 3:
-            raise ValueError(f"a preview projection needs (channels + 1, {patch * patch * 3}) weights")
-        return cls(weights, patch)
-
-
-def fit_projection(decode: Callable[[torch.Tensor], torch.Tensor], channels: int, patch: int, *,
-                   batch: int = FIT_BATCH, size: int = FIT_SIZE, seed: int = FIT_SEED) -> LatentProjection:
-    """Least-squares fit of latent pixel -> decoded patch from `decode` ((B, C, 1, h, w) -> (B, T, H, W, 3))."""
-    generator = torch.Generator("cpu").manual_seed(seed)
-    latents = torch.randn(batch, channels, 1, size, size, generator=generator)
-    frames = decode(latents)
-    if frames.dim() != 5 or tuple(frames.shape[2:]) != (size * patch, size * patch, 3):
-        raise ValueError(f"the VAE decoded {tuple(latents.shape)} latents to {tuple(frames.shape)}, expected "
-                         f"(B, T, {size * patch}, {size * patch}, 3)")
-    first = frames[:, 0].to(torch.float64)
-    targets = first.reshape(batch, size, patch, size, patch, 3).permute(0, 1, 3, 2, 4, 5)
-    targets = targets.reshape(batch * size * size, patch * patch * 3)
-    inputs = latents[:, :, 0].permute(0, 2, 3, 1).reshape(-1, channels).to(torch.float64)
-    inputs = torch.cat([inputs, torch.ones(inputs.shape[0], 1, dtype=torch.float64)], dim=1)
-    solution = torch.linalg.lstsq(inputs, targets).solution
-    return LatentProjection(solution.to(torch.float32).contiguous(), patch)
-
-
-# ---------------------------------------------------------------------- projection per VAE
-def _from_metadata(vae: Any, channels: int, patch: int) -> LatentProjection | None:
-    raw = (getattr(vae, "metadata", None) or {}).get(METADATA_KEY)
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-        rgb = torch.tensor([*data["weights"], data.get("bias", [0.0, 0.0, 0.0])], dtype=torch.float32)
-        if rgb.shape != (channels + 1, 3):
-            raise ValueError(f"expected {channels} rows of 3 weights, got {tuple(rgb.shape)}")
-    except (ValueError, KeyError, TypeError) as exc:
-        logger.warning("%s: ignoring its %s metadata (%s); fitting the preview projection instead",
-                       getattr(vae, "name", "VAE"), METADATA_KEY, exc)
-        return None
-    # A colour per latent pixel, spread over its whole patch.
-    return LatentProjection(rgb.repeat(1, patch * patch).contiguous(), patch)
-
-
-def _cache_path(vae: Any) -> Path | None:
-    source = getattr(vae, "path", None)
-    return Path(str(source) + CACHE_SUFFIX) if source else None
-
-
-def _file_identity(vae: Any) -> tuple[int, int, int, int] | None:
-    try:
-        stat = Path(vae.path).stat()
-    except (OSError, TypeError, AttributeError):
-        return None
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def _source_stamp(vae: Any) -> list[int] | None:
-    identity = _file_identity(vae)
-    return None if identity is None else [identity[2], identity[3]]  # size and mtime survive a copy
-
-
-def _from_disk(vae: Any, channels: int, patch: int) -> LatentProjection | None:
-    path = _cache_path(vae)
-    if path is None or not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("source") != _source_stamp(vae):
-            return None
-        projection = LatentProjection.from_json(data)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return projection if projection.channels == channels and projection.patch == patch else None
-
-
-def _store(vae: Any, projection: LatentProjection) -> None:
-    path = _cache_path(vae)
-    if path is None:
-        return
-    try:
-        path.write_text(json.dumps({"source": _source_stamp(vae), **projection.to_json()}), encoding="utf-8")
-    except OSError as exc:  # a read-only models folder: the fit is kept in memory only
-        logger.debug("preview projection not cached beside %s: %s", vae.path, exc)
-
-
-def projection_for(vae: Any) -> LatentProjection:
-    """The video VAE's preview projection: remembered, cached beside the model, from metadata, or fitted now."""
-    cached = getattr(vae, "preview_projection", None)
-    if cached is not None:
-        return cached
-    with _fit_lock:
-        cached = getattr(vae, "preview_projection", None)
-        if cached is not None:
-            return cached
-        config = vae.model.config
-        channels, patch = int(config.latent_channels), int(config.spatial_ratio)
-        identity = _file_identity(vae)
-        projection = _fits_by_file.get(identity) if identity is not None else None
-        projection = projection or _from_metadata(vae, channels, patch) or _from_disk(vae, channels, patch)
-        if projection is None:
-            projection = fit_projection(lambda z: vae.model.decode(z, tile_batch=1), channels, patch)
-            _store(vae, projection)
-        if identity is not None:
-            _fits_by_file[identity] = projection
-        vae.preview_projection = projection
-        return projection
-
 
 def register_vae(vae: Any) -> None:
     """Make a freshly loaded video VAE the preview source for its latents (and fit it unless previews are off)."""

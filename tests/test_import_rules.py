@@ -1,6 +1,7 @@
-"""The folder-level import rules: execution/ sees nodes only through its own NodeSpec, web/ reaches
-the rest only through execution/, and cluster/ (the Ray workers) builds runtimes only from the recipe
-it is given (main.py wires the parts together)."""
+"""The folder-level import rules ARCHITECTURE.md states: kernels/ imports nothing of Weft; models/ and media/
+know nothing of nodes, graphs or HTTP; execution/ sees nodes only through its own NodeSpec; web/ reaches the
+rest only through execution/; cluster/ (the worker pools) sits at main's level and may import execution/,
+nodes/ and models/ to build a worker's runtime and start a rank group's ranks, but not web/ or main.py."""
 from __future__ import annotations
 
 import ast
@@ -9,10 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+WEFT = {"execution", "nodes", "models", "media", "kernels", "web", "cluster", "main"}
 FORBIDDEN = {
+    "kernels": WEFT - {"kernels"},
+    "models": {"nodes", "execution", "web", "cluster", "main"},
+    "media": {"nodes", "execution", "web", "cluster", "main"},
     "execution": {"torch", "nodes", "models", "media", "kernels", "web", "cluster", "main"},
+    "nodes": {"web", "cluster", "main"},
     "web": {"nodes", "models", "media", "kernels", "cluster", "main"},
-    "cluster": {"torch", "nodes", "models", "media", "kernels", "web", "main"},
+    "cluster": {"web", "main", "media", "kernels"},
 }
 
 

@@ -11,6 +11,7 @@ from PIL import Image
 
 from execution.context import Services
 from models.loading import load_model
+from models import latent_preview
 from nodes import previews
 from nodes.loaders import VAE
 from nodes.preview_settings import resolve_method
@@ -24,12 +25,12 @@ def test_fit_recovers_a_linear_patch_decoder_exactly():
     # Small weights around a mid-grey bias, so the known decoder's pixels stay inside [0, 1] (no clamping).
     truth = torch.randn(channels + 1, patch * patch * 3, generator=torch.Generator().manual_seed(3)) * 0.01
     truth[-1] = 0.5
-    known = previews.LatentProjection(truth, patch)
+    known = latent_preview.LatentProjection(truth, patch)
 
     def decode(latents):  # (B, C, 1, h, w) -> (B, 1, h*p, w*p, 3) through the known map
         return torch.stack([known.to_pixels(z[:, 0]) for z in latents])[:, None]
 
-    fitted = previews.fit_projection(decode, channels, patch, size=6)
+    fitted = latent_preview.fit_projection(decode, channels, patch, size=6)
     torch.testing.assert_close(fitted.weights, truth, atol=1e-4, rtol=1e-4)
     assert fitted.rgb_weights().shape == (channels + 1, 3)
     frame = torch.randn(channels, 3, 2)
@@ -47,23 +48,23 @@ def test_projection_is_cached_beside_the_model_and_refitted_when_the_file_change
     install(tiny_weights(tmp_path_factory), tmp_path)
     path = tmp_path / "models" / "vae" / TINY_NAMES["video_vae"][1]
     # Another test of this process may have fitted the same weights; this one starts as a new process would.
-    monkeypatch.setattr(previews, "_fits_by_file", {})
-    first = previews.projection_for(_video_vae(path))
-    cache = path.with_name(path.name + previews.CACHE_SUFFIX)
+    monkeypatch.setattr(latent_preview, "_fits_by_file", {})
+    first = latent_preview.projection_for(_video_vae(path))
+    cache = path.with_name(path.name + latent_preview.CACHE_SUFFIX)
     assert cache.is_file() and json.loads(cache.read_text())["patch"] == 16
     # A new process (no in-memory fit) reads the file instead of decoding again.
-    monkeypatch.setattr(previews, "_fits_by_file", {})
+    monkeypatch.setattr(latent_preview, "_fits_by_file", {})
     again = _video_vae(path)
     monkeypatch.setattr(again.model, "decode", lambda *a, **k: pytest.fail("decoded although a cached fit exists"))
-    torch.testing.assert_close(previews.projection_for(again).weights, first.weights, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(latent_preview.projection_for(again).weights, first.weights, atol=1e-5, rtol=1e-4)
     # The model file changes: the cache no longer matches it.
     cache.write_text(json.dumps({**json.loads(cache.read_text()), "source": [1, 2]}))
-    monkeypatch.setattr(previews, "_fits_by_file", {})
+    monkeypatch.setattr(latent_preview, "_fits_by_file", {})
     stale = _video_vae(path)
     calls = []
     real_decode = stale.model.decode
     monkeypatch.setattr(stale.model, "decode", lambda *a, **k: calls.append(1) or real_decode(*a, **k))
-    previews.projection_for(stale)
+    latent_preview.projection_for(stale)
     assert calls == [1]
 
 
@@ -72,9 +73,9 @@ def test_projection_from_the_model_metadata(tmp_path_factory):
     vae = _video_vae(path)
     rows = [[0.0, 0.0, 0.0] for _ in range(24)]
     rows[0] = [0.5, 0.0, 0.0]
-    vae.metadata = {previews.METADATA_KEY: json.dumps({"weights": rows, "bias": [0.5, 0.5, 0.5]})}
+    vae.metadata = {latent_preview.METADATA_KEY: json.dumps({"weights": rows, "bias": [0.5, 0.5, 0.5]})}
     vae.path = None  # no file identity: neither the process memo nor a disk cache applies
-    projection = previews.projection_for(vae)
+    projection = latent_preview.projection_for(vae)
     frame = torch.zeros(24, 2, 3)
     frame[0] = 1.0
     assert torch.allclose(projection.to_rgb(frame), torch.tensor([1.0, 0.5, 0.5]).expand(2, 3, 3))
