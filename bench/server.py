@@ -95,15 +95,19 @@ class BenchSpin:
 BENCH_NODES = {"BenchProgress": BenchProgress, "BenchSpin": BenchSpin}
 
 
-def bench_runtime(args):
-    """main.Runtime plus the benchmark nodes (module level: the worker process builds it too)."""
+def runtime_with_nodes(args, nodes: dict, module: str):
+    """main.Runtime plus benchmark nodes given as classic classes, registered as from `module`."""
     import main as weft_main
     from nodes.classic import specs_from_mappings
 
     runtime = weft_main.Runtime(args)
-    runtime.registry.register_all(specs_from_mappings(BENCH_NODES, python_module="bench.server"),
-                                  origin="bench.server")
+    runtime.registry.register_all(specs_from_mappings(nodes, python_module=module), origin=module)
     return runtime
+
+
+def bench_runtime(args):
+    """main.Runtime plus the benchmark nodes (module level: the worker process builds it too)."""
+    return runtime_with_nodes(args, BENCH_NODES, "bench.server")
 
 
 def serve(argv: list[str]) -> int:
@@ -295,17 +299,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_child(base: str, extra: list[str]) -> tuple[subprocess.Popen, str, object]:
-    """A benchmark server child process; (process, url, log file)."""
+def start_child(base: str, extra: list[str], *, script: str = __file__, env: dict | None = None,
+                startup_s: float = 180) -> tuple[subprocess.Popen, str, object]:
+    """A benchmark server child process (`script --serve ...`); (process, url, log file)."""
     import urllib.request
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(base) / "server.log"
     log = open(log_path, "wb")
-    child = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--base-directory", base,
-                              *extra], cwd=ROOT, stdout=log, stderr=log)
-    deadline = time.monotonic() + 180
+    child = subprocess.Popen([sys.executable, script, "--serve", "--port", str(port), "--base-directory", base,
+                              *extra], cwd=ROOT, stdout=log, stderr=log, env=env)
+    deadline = time.monotonic() + startup_s
     while True:
         try:
             urllib.request.urlopen(url + "/prompt", timeout=2).read()
@@ -313,7 +318,7 @@ def start_child(base: str, extra: list[str]) -> tuple[subprocess.Popen, str, obj
         except OSError:
             if child.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                print(log_path.read_text()[-2000:], file=sys.stderr)
+                print(log_path.read_text()[-3000:], file=sys.stderr)
                 raise SystemExit("the server did not start")
             time.sleep(0.1)
 

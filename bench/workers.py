@@ -37,7 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.server import drain, free_port, job_times, percentile  # noqa: E402
+from bench.server import drain, job_times, percentile, runtime_with_nodes  # noqa: E402
+from bench.server import start_child as start_server_child  # noqa: E402
 
 NOOP_JOBS = 60  # sequential cached jobs per server per round
 SETUPS = {"single": [], "ray-1": ["--workers", "1", "--worker-threads", "1"],
@@ -76,13 +77,7 @@ class BenchMatmul:
 
 def bench_runtime(args):
     """main.Runtime plus the benchmark node (module level: the workers build it too)."""
-    import main as weft_main
-    from nodes.classic import specs_from_mappings
-
-    runtime = weft_main.Runtime(args)
-    runtime.registry.register_all(specs_from_mappings({"BenchMatmul": BenchMatmul}, python_module="bench.workers"),
-                                  origin="bench.workers")
-    return runtime
+    return runtime_with_nodes(args, {"BenchMatmul": BenchMatmul}, "bench.workers")
 
 
 def serve(argv: list[str]) -> int:
@@ -98,27 +93,9 @@ def serve(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------- measuring (parent process)
 def start_child(base: str, extra: list[str]) -> tuple[subprocess.Popen, str, object]:
-    """A benchmark server child process (one compute thread); (process, url, log file)."""
-    import urllib.request
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = Path(base) / "server.log"
-    log = open(log_path, "wb")
+    """A benchmark server child process of this script, with one compute thread; (process, url, log file)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    child = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--base-directory", base,
-                              "--preview-method", "none", *extra], cwd=ROOT, stdout=log, stderr=log, env=env)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            urllib.request.urlopen(url + "/prompt", timeout=2).read()
-            return child, url, log
-        except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                print(log_path.read_text()[-3000:], file=sys.stderr)
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
+    return start_server_child(base, ["--preview-method", "none", *extra], script=__file__, env=env, startup_s=300)
 
 
 REPEATS = 200  # ~0.3 s per job on one core of this machine: the dispatch path is a few percent of it
