@@ -72,6 +72,26 @@ class FullDelta(DeltaSource):
         return factors["diff"]
 
 
+class RankedDelta(DeltaSource):
+    """A delta rebuilt from low-rank factors, with the file's optional alpha: its scale is alpha / rank.
+
+    The scale is 1 when the file stores no alpha or the factors have no rank (a LoKr of two whole
+    factors). Subclasses give `rank` and an `alpha` field.
+    """
+
+    alpha: torch.Tensor | None
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int | None:
+        """The rank the alpha is divided by, or None when the factors have none."""
+
+    @property
+    def scale(self) -> float:  # type: ignore[override]
+        alpha, rank = alpha_value(self.alpha), self.rank
+        return 1.0 if alpha is None or rank is None else alpha / rank
+
+
 def alpha_value(alpha: torch.Tensor | None) -> float | None:
     """A stored alpha tensor (shape () or (1,)) as a float, or None when the file has none."""
     if alpha is None:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.adapters.base import DeltaSource, alpha_value
+from models.adapters.base import RankedDelta
 
 
 @dataclass
-class LohaDelta(DeltaSource):
+class LohaDelta(RankedDelta):
     """The factors of one LoHa entry."""
 
     w1_a: torch.Tensor
@@ -32,11 +32,6 @@ class LohaDelta(DeltaSource):
     def rank(self) -> int:
         """The Hadamard factors' rank."""
         return int(self.w1_b.shape[0])
-
-    @property
-    def scale(self) -> float:  # type: ignore[override]
-        alpha = alpha_value(self.alpha)
-        return 1.0 if alpha is None else alpha / self.rank
 
     def check(self) -> str | None:
         """Why the factors do not join, or None."""

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.adapters.base import DeltaSource, alpha_value
+from models.adapters.base import RankedDelta
 
 
 @dataclass
-class LokrDelta(DeltaSource):
+class LokrDelta(RankedDelta):
     """The factors of one LoKr entry."""
 
     w1: torch.Tensor | None = None
@@ -41,13 +41,6 @@ class LokrDelta(DeltaSource):
         if self.w2 is None:
             return int(self.w2_b.shape[0])
         return None
-
-    @property
-    def scale(self) -> float:  # type: ignore[override]
-        alpha, rank = alpha_value(self.alpha), self.rank
-        if alpha is None or rank is None:
-            return 1.0
-        return alpha / rank
 
     def check(self) -> str | None:
         """Why the stored factors are incomplete or do not join, or None."""

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.adapters.base import DeltaSource, alpha_value
+from models.adapters.base import RankedDelta
 
 
 @dataclass
-class LoraDelta(DeltaSource):
+class LoraDelta(RankedDelta):
     """The factors of one LoRA entry."""
 
     up: torch.Tensor
@@ -29,11 +29,6 @@ class LoraDelta(DeltaSource):
     def rank(self) -> int:
         """The LoRA rank (rows of `down`)."""
         return int(self.down.shape[0])
-
-    @property
-    def scale(self) -> float:  # type: ignore[override]
-        alpha = alpha_value(self.alpha)
-        return 1.0 if alpha is None else alpha / self.rank
 
     def check(self) -> str | None:
         """Why the factors cannot form a delta (inner dimensions disagree), or None."""
