@@ -89,3 +89,51 @@ def test_runner_cancel_and_interrupt_and_clean_stop_requeues(tmp_path):
     runner.stop()  # a clean stop puts the running job back, without counting the attempt
     job = store.get("later")
     assert job.status == "pending" and job.attempts == 0
+
+
+def test_a_worker_that_raises_still_leaves_its_job_a_record_and_the_runner_serving(tmp_path):
+    from execution.worker import Worker
+    from execution.worker_messages import JobOutcome
+
+    class Faulty(Worker):
+        def __init__(self) -> None:
+            self.stopped = 0
+
+        def start(self) -> None:
+            pass
+
+        def run(self, request, control, *, validated=None, handed_over=None):
+            if request.prompt_id == "before":
+                raise ValueError("cannot encode this job")
+            handed_over()
+            if request.prompt_id == "after":
+                raise RuntimeError("lost track of the job")
+            return JobOutcome("success")
+
+        def free(self, unload_models: bool) -> None:
+            pass
+
+        def stop(self, timeout: float = 30.0) -> None:
+            self.stopped += 1
+
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    worker = Faulty()
+    runner = JobRunner(store, JobHooks(validate=None, run=None, make_control=JobControl), worker=worker)
+    for number, name in enumerate(("before", "after", "fine")):
+        store.add(name, {}, number=number)
+    runner.start()
+    _wait(lambda: store.get("fine").terminal)
+    restarted = worker.stopped  # the worker that may still hold "after" was stopped and started afresh
+    runner.stop()
+    before, after = store.get("before"), store.get("after")
+    assert (before.status, before.attempts, before.error["exception_type"]) == ("error", 0, "ValueError")
+    assert (after.status, after.attempts, after.error["exception_type"]) == ("error", 1, "RuntimeError")
+    assert store.get("fine").status == "success"
+    assert restarted == 1
+
+
+def test_the_runner_takes_only_workers():
+    import pytest
+
+    with pytest.raises(TypeError, match="execution.worker.Worker"):
+        JobRunner(None, JobHooks(validate=None, run=None, make_control=JobControl), workers=[object()])

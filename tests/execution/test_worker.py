@@ -166,3 +166,35 @@ def test_a_worker_that_says_why_it_cannot_start_fails_the_job_with_that_reason_a
     except WorkerStartFailed as exc:
         assert "ModuleNotFoundError: No module named 'brokenpack'" in str(exc)
     assert len(made) == 1 and made[0].killed and handed == []
+
+
+def test_a_job_the_worker_cannot_read_ends_with_its_reason():
+    from execution.worker_messages import WorkerFailure
+
+    transport = ScriptedTransport([WorkerFailure("job", "UnpicklingError", "truncated message")])
+    handed = []
+    outcome = RemoteWorker(lambda: transport, EventBus(), grace_s=5).run(
+        JobRequest("j", {}), JobControl(), handed_over=lambda: handed.append(1))
+    assert outcome.status == "error" and handed == [1] and not transport.killed
+    assert outcome.error["exception_type"] == "UnpicklingError"
+    assert outcome.error["exception_message"] == "the worker could not read the job: truncated message"
+
+
+def test_a_job_that_does_not_pickle_is_never_sent_and_fails_with_the_reason():
+    class Pickling(ScriptedTransport):
+        def send(self, message) -> None:
+            import pickle
+
+            pickle.dumps(message)
+            super().send(message)
+
+    nested: object = 0
+    for _ in range(2000):
+        nested = [nested]
+    transport = Pickling([])
+    handed = []
+    outcome = RemoteWorker(lambda: transport, EventBus(), grace_s=5).run(
+        JobRequest("deep", {"1": {"inputs": {"v": nested}}}), JobControl(), handed_over=lambda: handed.append(1))
+    assert outcome.status == "error" and outcome.error["exception_type"] == "RecursionError"
+    assert "could not be handed to its worker" in outcome.error["exception_message"]
+    assert transport.sent == [] and handed == [] and not transport.killed
