@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from execution.failure import ERROR, INTERRUPTED, failure_payload
 from execution.job_store import Job, JobState, JobStore
 from execution.paths import commit_staged, settle_staged, staging_token
 from execution.worker import (InProcessWorker, JobRequest, Worker, WorkerDied, WorkerStartFailed, failure_outcome)
@@ -327,7 +328,7 @@ class JobRunner:
         outcome = failure_outcome(job.id, exc)
         self._validated.pop(job.id, None)
         self.hooks.on_start(job)
-        self.hooks.emit("execution_error", outcome.error)
+        self.hooks.emit(ERROR, outcome.error)
         self.hooks.emit("executing", {"node": None, "display_node": None, "prompt_id": job.id})
         self.store.finish(job.id, JobState.ERROR, messages=outcome.messages, error=outcome.error)
         self.hooks.on_finish(job, JobState.ERROR)
@@ -366,8 +367,8 @@ class JobRunner:
 
     def _announce_interrupted(self, job: Job) -> None:
         record = self.store.get(job.id)
-        error = dict((record.error if record else None) or {}, prompt_id=job.id)
-        self.hooks.emit("execution_interrupted", error)
+        error = dict(record.error, prompt_id=job.id) if record and record.error else failure_payload(INTERRUPTED, job.id)
+        self.hooks.emit(INTERRUPTED, error)
         self.hooks.emit("executing", {"node": None, "display_node": None, "prompt_id": job.id})
 
     def _run(self, job: Job, slot: WorkerSlot) -> None:

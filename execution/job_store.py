@@ -132,8 +132,9 @@ class Job:
     def history_record(self) -> dict:
         """ComfyUI's history entry for this (terminal) job."""
         messages = [list(m) for m in (self.messages or [])]
-        if self.status == "interrupted" and not any(m[0] == "execution_interrupted" for m in messages):
-            messages.append(["execution_interrupted", dict(self.error or {}, prompt_id=self.id)])
+        if self.status == "interrupted" and not any(m[0] == INTERRUPTED for m in messages):
+            error = dict(self.error, prompt_id=self.id) if self.error else failure_payload(INTERRUPTED, self.id)
+            messages.append([INTERRUPTED, error])
         return {
             "prompt": self.queue_item(),
             "outputs": self.outputs or {},
