@@ -4,7 +4,7 @@ The HTTP server never runs node code. The job runner (`execution/job_runner.py`)
 `Worker`, which holds (or reaches) a runtime: the node registry, the executor, its output cache and
 the model cache. The runner knows nothing else of a worker. Two workers exist here:
 
-    InProcessWorker   runs the job on the calling thread (headless `main.py run` and embedders that
+    InProcessWorker   runs the job on the calling thread (`--in-process-jobs` and embedders that
                       give no runtime recipe);
     RemoteWorker      sends the job over a `Transport` to a runtime elsewhere and relays its events.
 
