@@ -5,9 +5,9 @@ worker process, a Ray actor, or a group of ranks that run one job together all l
 dispatcher thread claims a job for an idle worker (with several, by the rule of
 `execution/placement.py`); each worker has a thread that runs its job through it and writes the record.
 
-An attempt counts when the job is in a worker's hands (`Worker.run` calls `handed_over`), not when it
-is claimed: a worker killed while it boots, or a server killed before the job left it, cost the job no
-attempt. A job that cannot be handed over at all (it does not pickle, its input files are gone) ends
+An attempt counts when the job goes to a ready worker (`Worker.run` calls `handed_over` just before it
+sends the job), not when it is claimed: a worker killed while it boots, or a server killed while the job
+waited for one, cost the job no attempt. A job that cannot be handed over at all (it does not pickle, its input files are gone) ends
 with an error record at once instead of staying `running`.
 """
 from __future__ import annotations
@@ -407,8 +407,9 @@ class JobRunner:
         self._record(job, slot, running, outcome, handed)
 
     def _worker_died(self, job: Job, slot: WorkerSlot, exc: WorkerDied, handed: bool) -> None:
-        """The crash rule: a job that had reached the worker is started again once (elsewhere when it
-        can), then recorded interrupted; one that had not goes back to the queue without an attempt."""
+        """The crash rule: a job that had gone to the worker is started again once (elsewhere when it
+        can), then recorded interrupted; one still waiting for it to boot goes back to the queue without
+        an attempt."""
         with self._wake:
             slot.running = None
         slot.held.clear()

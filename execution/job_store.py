@@ -3,7 +3,7 @@
 One table holds every accepted job from acceptance to its terminal record:
 
     pending   accepted (committed before the HTTP 200), waiting to run
-    running   claimed for a worker; `attempts` counts how many times it reached a worker's hands
+    running   claimed for a worker; `attempts` counts how many times it went to a ready worker
     success | error | cancelled | interrupted   terminal: written once, never overwritten
 
 Every state change is one `UPDATE ... WHERE status = <expected>` in its own transaction, so a job has
@@ -42,7 +42,7 @@ class JobState(StrEnum):
 
 TERMINAL = (JobState.SUCCESS, JobState.ERROR, JobState.CANCELLED, JobState.INTERRUPTED)
 ACTIVE = (JobState.PENDING, JobState.RUNNING)
-MAX_ATTEMPTS = 2  # a job cut short by a crash reaches a worker at most this many times in all
+MAX_ATTEMPTS = 2  # a job cut short by a crash goes to a worker at most this many times in all
 DEFAULT_HISTORY_CAP = 10_000  # terminal records kept; the oldest go first
 
 # The jobs interface's status names (what the editor's queue and history panels show).
@@ -295,7 +295,7 @@ class JobStore:
     # ------------------------------------------------------------------ the worker's side
     def claim_next(self, *, worker: str | None = None) -> Job | None:
         """Mark the first pending job running (claimed for `worker`) and return it; None when none waits.
-        The attempt counts only once the job reaches the worker (`begin_attempt`)."""
+        The attempt counts only once the job goes to a ready worker (`begin_attempt`)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT seq FROM jobs WHERE status='pending' ORDER BY number, seq LIMIT 1").fetchone()
@@ -323,8 +323,8 @@ class JobStore:
         return _row_to_job(job)
 
     def begin_attempt(self, prompt_id: str) -> bool:
-        """A running job reached its worker: one more attempt. A crash before this (a worker killed
-        while it booted, the server killed before the job left it) costs the job nothing."""
+        """A running job goes to its (ready) worker: one more attempt. A crash before this (a worker
+        killed while it booted, the server killed while the job waited for it) costs the job nothing."""
         return bool(self._write("UPDATE jobs SET attempts=attempts+1 WHERE id=? AND status='running'", (prompt_id,)))
 
     def pending(self, limit: int) -> list[Job]:
@@ -348,7 +348,7 @@ class JobStore:
 
     def requeue(self, prompt_id: str, *, counted: bool = True) -> bool:
         """Put a running job back in the queue without counting its attempt: a clean shutdown stopped it
-        (`counted`: the attempt had been counted, so it is taken back), or it never reached a worker."""
+        (`counted`: the attempt had been counted, so it is taken back), or it never went to a worker."""
         uncount = "attempts=MAX(attempts-1, 0), " if counted else ""
         return bool(self._write(f"UPDATE jobs SET status='pending', {uncount}start_time=NULL "
                                 "WHERE id=? AND status='running'", (prompt_id,)))

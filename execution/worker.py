@@ -20,7 +20,7 @@ its own job (`execution/job_runner.py`, `execution/placement.py`).
 Interruption is cooperative first: the worker's executor stops at its next check point. A node that
 does not reach one within the grace period gets its worker killed and restarted, and its job ends
 `interrupted`. A worker that dies on its own raises `WorkerDied`, and the runner applies the crash rule
-(retry once, then interrupted) when the job had reached it (`handed_over` was called); a worker that
+(retry once, then interrupted) once the job went to it (`handed_over` was called); a worker that
 dies while it boots costs its job no attempt. A job that cannot be handed over (it does not pickle,
 the worker cannot read it) ends with an error outcome.
 """
@@ -114,7 +114,9 @@ def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable
 
 
 # ---------------------------------------------------------------------- the interface
-HandedOver = Callable[[], None]  # called once a job is in the worker's hands: its attempt counts from then
+# Called when a job goes to a ready runtime, just before it is sent: its attempt counts from then (counted
+# before the send, so a job that ran is always counted, even if the server dies right after sending it).
+HandedOver = Callable[[], None]
 
 
 class Worker(ABC):
@@ -132,10 +134,10 @@ class Worker(ABC):
     @abstractmethod
     def run(self, request: JobRequest, control: Any, *, validated: Any = None,
             handed_over: HandedOver | None = None) -> JobOutcome:
-        """Run one job to its outcome; `control.interrupted` asks it to stop. Calls `handed_over` once
-        the job has reached the runtime (before that, a death costs the job no attempt). A job that
-        cannot be handed over ends with an error outcome; a runtime that dies raises WorkerDied, one that
-        cannot be built WorkerStartFailed."""
+        """Run one job to its outcome; `control.interrupted` asks it to stop. Calls `handed_over` when the
+        job goes to a ready runtime, just before it is sent (a runtime that dies while it boots costs the
+        job no attempt). A job that cannot be handed over ends with an error outcome; a runtime that dies
+        raises WorkerDied, one that cannot be built WorkerStartFailed."""
 
     @abstractmethod
     def free(self, unload_models: bool) -> None:
@@ -328,6 +330,8 @@ class RemoteWorker(Worker):
         if not self._wait_ready(control):
             return interrupted_outcome(request.prompt_id, "Interrupted", "interrupted before it started")
         transport = self.transport
+        if handed_over is not None:
+            handed_over()
         try:
             try:
                 transport.send(RunJob(request))
@@ -338,8 +342,6 @@ class RemoteWorker(Worker):
                                type(exc).__name__, exc)
                 return failure_outcome(request.prompt_id, exception_type=type(exc).__name__,
                                        message=f"the job could not be handed to its worker: {exc}")
-            if handed_over is not None:
-                handed_over()
             interrupt_sent_at: float | None = None
             while True:
                 message = transport.receive(POLL_S)

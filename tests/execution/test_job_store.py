@@ -24,7 +24,7 @@ def test_a_job_gets_exactly_one_terminal_record(tmp_path):
     store.add("a", {}, number=1)
     assert store.finish("a", "success") is False  # not running yet: no record
     claimed = store.claim_next()
-    assert claimed.id == "a" and claimed.status == "running" and claimed.attempts == 0  # not in a worker's hands yet
+    assert claimed.id == "a" and claimed.status == "running" and claimed.attempts == 0  # not gone to a worker yet
     assert store.begin_attempt("a") and store.get("a").attempts == 1
     assert store.finish("a", "success", outputs={"1": {"images": []}}) is True
     assert store.finish("a", "error") is False
