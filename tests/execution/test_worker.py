@@ -2,21 +2,11 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 from execution.events import EventBus
 from execution.scheduler import JobControl
 from execution.worker import JobRequest, RemoteWorker, Transport, WorkerDied, run_request
 from execution.worker_messages import InterruptJob, JobEvent, JobOutcome, JobResult, RunJob, WorkerReady
-
-
-@dataclass
-class FakeResult:
-    status: str
-    outputs: dict = field(default_factory=dict)
-    messages: list = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    error: dict | None = None
 
 
 def test_errors_name_files_relative_to_the_base_folder(tmp_path):
