@@ -1,9 +1,11 @@
 """Quantized weights as the unified Linear receives them, and the arithmetic that turns them back into floats.
 
 A `QuantizedWeight` is one layer's stored tensors (codes and scales, in the dtypes and layouts of the
-file) plus what the format needs to read them. `dequantize` is the reference every quantized matrix
-product is tested against (kernels/quantized_linear.py); the embedding lookup dequantizes only the
-rows it gathers.
+file) plus what the format needs to read them; the format objects of models/quant/formats/ build it
+(which file tensors a layer has, their shapes, markers and encoding are theirs, not this module's).
+Here is only the arithmetic, one public decoder per format (`DECODERS`, keyed by `WeightFormat`).
+`dequantize` is the reference every quantized matrix product is tested against
+(kernels/quantized_linear.py); the embedding lookup dequantizes only the rows it gathers.
 
 The formats (storage for a logical weight of shape (N, K)):
   int8_tensorwise  int8 codes (N, K); `scale` float32, one per row (N, 1) or one for the tensor;
@@ -51,15 +53,6 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -
 def round_up(value: int, multiple: int) -> int:
     """`value` rounded up to a multiple of `multiple`."""
     return -(-value // multiple) * multiple
-
-
-def storage_shape(fmt: WeightFormat, out_features: int, in_features: int) -> tuple[int, int]:
-    """Shape of the stored `weight` tensor of an (out_features, in_features) layer in `fmt`."""
-    if fmt is WeightFormat.NVFP4:
-        return round_up(out_features, NVFP4_BLOCK), round_up(in_features, NVFP4_BLOCK) // 2
-    if fmt is WeightFormat.MXFP8:
-        return round_up(out_features, MXFP8_BLOCK), round_up(in_features, MXFP8_BLOCK)
-    return out_features, in_features
 
 
 def block_scale_shape(rows: int, blocks_per_row: int) -> tuple[int, int]:
@@ -179,29 +172,47 @@ class QuantizedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight of shape `shape` in `dtype` (decoded in float32, rounded once)."""
+        decode = DECODERS.get(self.format)
+        if decode is None:
+            raise ValueError(f"no decoder for weight format {self.format}")
+        weight = decode(self)
         out_features, in_features = self.shape
-        fmt = self.format
-        if fmt is WeightFormat.INT8:
-            weight = self.data.float() * self.scale.float()
-            if self.rotation_group:
-                weight = rotate_rows(weight, self.rotation_group)
-        elif fmt in FLOAT8_FORMATS:
-            weight = self.data.to(torch.float32) * self.scale.to(torch.float32)
-        elif fmt is WeightFormat.NVFP4:
-            values = decode_e2m1(self.data)  # (rows, cols) padded
-            rows, cols = values.shape
-            blocks = unswizzle_block_scales(self.scale.view(torch.float8_e4m3fn), rows, cols // NVFP4_BLOCK)
-            scale = self.tensor_scale.to(torch.float32) * blocks.to(torch.float32)  # (rows, cols / 16)
-            weight = (values.view(rows, -1, NVFP4_BLOCK) * scale.unsqueeze(-1)).view(rows, cols)
-        elif fmt is WeightFormat.MXFP8:
-            rows, cols = self.data.shape
-            blocks = e8m0_to_float(unswizzle_block_scales(self.scale.view(torch.uint8), rows, cols // MXFP8_BLOCK))
-            weight = (self.data.to(torch.float32).view(rows, -1, MXFP8_BLOCK) * blocks.unsqueeze(-1)).view(rows, cols)
-        else:
-            raise ValueError(f"no decoder for weight format {fmt}")
         if tuple(weight.shape) != (out_features, in_features):
-            weight = weight[:out_features, :in_features]
+            weight = weight[:out_features, :in_features]  # block formats store padded rows and columns
         return weight.to(dtype)
+
+
+def dequantize_int8(weight: QuantizedWeight) -> torch.Tensor:
+    """float32 codes * row (or tensor) scale, rotated back when the weight was stored rotated."""
+    values = weight.data.float() * weight.scale.float()
+    return rotate_rows(values, weight.rotation_group) if weight.rotation_group else values
+
+
+def dequantize_float8(weight: QuantizedWeight) -> torch.Tensor:
+    """float32 codes * the tensor scale."""
+    return weight.data.to(torch.float32) * weight.scale.to(torch.float32)
+
+
+def dequantize_nvfp4(weight: QuantizedWeight) -> torch.Tensor:
+    """E2M1 values * (tensor scale * e4m3 block scale), one block per 16 columns; padded shape kept."""
+    values = decode_e2m1(weight.data)  # (rows, cols) padded
+    rows, cols = values.shape
+    blocks = unswizzle_block_scales(weight.scale.view(torch.float8_e4m3fn), rows, cols // NVFP4_BLOCK)
+    scale = weight.tensor_scale.to(torch.float32) * blocks.to(torch.float32)  # (rows, cols / 16)
+    return (values.view(rows, -1, NVFP4_BLOCK) * scale.unsqueeze(-1)).view(rows, cols)
+
+
+def dequantize_mxfp8(weight: QuantizedWeight) -> torch.Tensor:
+    """float32 codes * 2^(e - 127), one exponent per 32 columns; padded shape kept."""
+    rows, cols = weight.data.shape
+    blocks = e8m0_to_float(unswizzle_block_scales(weight.scale.view(torch.uint8), rows, cols // MXFP8_BLOCK))
+    return (weight.data.to(torch.float32).view(rows, -1, MXFP8_BLOCK) * blocks.unsqueeze(-1)).view(rows, cols)
+
+
+# The decoder of each stored arithmetic (float32, possibly padded); QuantizedWeight.dequantize crops.
+DECODERS = {WeightFormat.INT8: dequantize_int8, WeightFormat.FLOAT8_E4M3: dequantize_float8,
+            WeightFormat.FLOAT8_E5M2: dequantize_float8, WeightFormat.NVFP4: dequantize_nvfp4,
+            WeightFormat.MXFP8: dequantize_mxfp8}
 
 
 def embedding_rows(ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:

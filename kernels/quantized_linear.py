@@ -45,8 +45,9 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor |
     return y.to(residual.dtype if residual is not None else out_dtype)
 
 
-def _prepared_input(x: torch.Tensor, weight: QuantizedWeight, prologue: Prologue | str | None,
-                    prologue_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+def product_input(x: torch.Tensor, weight: QuantizedWeight, prologue: Prologue | str | None,
+                  prologue_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """What the stored weight multiplies: the prologue's output, times the per-column pre-scale if the weight has one."""
     h = apply_prologue(x, prologue, prologue_weight, eps)
     if weight.pre_quant_scale is not None:
         h = h * weight.pre_quant_scale.to(h.dtype)
@@ -59,7 +60,7 @@ def quantized_linear_eager(x: torch.Tensor, weight: QuantizedWeight, bias: torch
                            residual: torch.Tensor | None = None,
                            residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """The reference: the weight dequantized to x's dtype, then the float Linear's eager reference."""
-    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    h = product_input(x, weight, prologue, prologue_weight, eps)
     return linear_eager(h, weight.dequantize(x.dtype), bias, residual=residual, residual_scale=residual_scale)
 
 
@@ -105,7 +106,7 @@ def quantized_linear_int8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.
                           residual: torch.Tensor | None = None,
                           residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """int8 x int8 -> int32 product of the per-token quantized (rotated) activation and the stored codes."""
-    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    h = product_input(x, weight, prologue, prologue_weight, eps)
     if weight.rotation_group:
         h = rotate_rows(h, weight.rotation_group)
     out_features = weight.shape[0]
@@ -230,7 +231,7 @@ def quantized_linear_fp8(x: torch.Tensor, weight: QuantizedWeight, bias: torch.T
                          residual: torch.Tensor | None = None,
                          residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
     """float8-e4m3 activation (scaled by input_scale, else 1) times the float8 weight through torch._scaled_mm."""
-    h = _prepared_input(x, weight, prologue, prologue_weight, eps)
+    h = product_input(x, weight, prologue, prologue_weight, eps)
     rows = h.reshape(-1, h.shape[-1])
     input_scale = (weight.input_scale.float().reshape(()) if weight.input_scale is not None
                    else torch.ones((), dtype=torch.float32, device=x.device))

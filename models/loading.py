@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from models.quant.layers import dense_shape, quantize_modules
-from models.quant.markers import SUPPORTED_FORMATS, read_plan
+from models.ops import QuantizedEmbedding, QuantizedLinear
+from models.quant.formats import EMBEDDABLE_FORMATS, STORED_DTYPES, SUPPORTED_FORMATS
+from models.quant.markers import QuantPlan, read_plan
 
 SUPPORTED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
@@ -409,6 +410,41 @@ def _float32_key(kind: str, key: str, config: object = None) -> bool:
     return key in ("latents_mean", "latents_std")
 
 
+def _quantize_modules(model: nn.Module, plan: QuantPlan, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str],
+                      compute_dtype: torch.dtype, where: str) -> None:
+    """Replace each layer `plan` names (built on the meta device) by its quantized twin shaped after the file.
+
+    `shapes` and `dtypes` are by file key; each layer's format checks its stored tensors against
+    the layer's (out, in) features before the twin is built.
+    """
+    for layer, quant in plan.layers.items():
+        try:
+            module = model.get_submodule(layer)
+        except AttributeError:
+            raise ValueError(f"{where}: quantization marker for {layer!r}, which this model does not have") from None
+        fmt = quant.stored_format
+        sources = plan.sources[layer]
+        tensor_shapes = {leaf: (tuple(shapes[key]), STORED_DTYPES[dtypes[key]]) for leaf, key in sources.items()}
+        if isinstance(module, nn.Linear):
+            fmt.check_stored(layer, quant, sources, module.out_features, module.in_features, shapes, dtypes, where)
+            twin = QuantizedLinear(module.in_features, module.out_features, quant, bias=module.bias is not None,
+                                   tensor_shapes=tensor_shapes, compute_dtype=compute_dtype, device="meta")
+        elif isinstance(module, nn.Embedding):
+            if not fmt.embeddable:
+                raise ValueError(f"{where}: embedding {layer!r} is stored as {fmt.name}; quantized embedding "
+                                 f"tables are read in {', '.join(EMBEDDABLE_FORMATS)}")
+            fmt.check_stored(layer, quant, sources, module.num_embeddings, module.embedding_dim, shapes, dtypes, where)
+            twin = QuantizedEmbedding(module.num_embeddings, module.embedding_dim, quant,
+                                      padding_idx=module.padding_idx, tensor_shapes=tensor_shapes,
+                                      compute_dtype=compute_dtype, device="meta")
+        else:
+            raise ValueError(f"{where}: layer {layer!r} is marked {fmt.name}, but it is a "
+                             f"{type(module).__name__}; only Linear and Embedding layers are read quantized")
+        parent_name, _, child = layer.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, twin)
+
+
 def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype: torch.dtype | None = None,
                device: torch.device | str = "cpu", qkv_layout: str | None = None) -> LoadedModel:
     """Load an H3 model from a safetensors file: detect it, recover its config, check every shape, fill the weights.
@@ -440,7 +476,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     respelled = {layer: next(iter(canonical_keys([prefix + layer])))[len(prefix):] for layer in plan.layers}
     plan.layers = {respelled[layer]: quant for layer, quant in plan.layers.items()}
     plan.sources = {respelled[layer]: sources for layer, sources in plan.sources.items()}
-    # Quantized layers' codes and scales are checked against their format (models/quant/layers.py);
+    # Quantized layers' codes and scales are checked against their format (models/quant/formats/);
     # their markers are read, not loaded; the legacy scale names are read under the current ones.
     stored_keys = {key for sources in plan.sources.values() for key in sources.values()}
     file_keys = {k: v for k, v in file_keys.items() if v not in plan.marker_keys and v not in stored_keys}
@@ -451,7 +487,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
             file_keys[f"{layer}.{leaf}"] = key
     shapes = {k: header.tensors[v].shape for k, v in file_keys.items()}
     shapes.update({k: header.tensors[direction].shape for k, (_, direction) in folded.items()})
-    shapes.update({f"{layer}.weight": dense_shape(quant.format, shapes[f"{layer}.weight"])
+    shapes.update({f"{layer}.weight": quant.stored_format.dense_shape(shapes[f"{layer}.weight"])
                    for layer, quant in plan.layers.items()})
     config_fn, cls = _builders()[kind]
     config = config_fn(shapes, header.metadata) if kind in CONFIG_READS_METADATA else config_fn(shapes)
@@ -466,8 +502,8 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
         main = max(set(float_dtypes), key=float_dtypes.count) if float_dtypes else "F32"
         dtype = torch.bfloat16 if main in FLOAT8 else SUPPORTED_DTYPES[main]
     if plan.layers:
-        quantize_modules(model, plan, {v: header.tensors[v].shape for v in stored_keys},
-                         {v: header.tensors[v].dtype for v in stored_keys}, dtype, name)
+        _quantize_modules(model, plan, {v: header.tensors[v].shape for v in stored_keys},
+                          {v: header.tensors[v].dtype for v in stored_keys}, dtype, name)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     unexpected = [k for k in list(file_keys) + list(folded) if k not in expected and not _unused_key(kind, k, config)]
     missing = [k for k in expected if k not in file_keys and k not in folded]

@@ -13,14 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.conv3d import causal_conv3d
-from kernels.linear import apply_prologue, linear
+from kernels.linear import linear
 from kernels.prologues import Prologue
-from kernels.quantized import QuantizedWeight, embedding_rows, storage_shape
+from kernels.quantized import QuantizedWeight
 from kernels.norms import rms_norm
 from models.memory import using, using_if_module, using_named
 from models.patcher import apply_patches, patch_signature
-from models.quant.markers import LayerQuant
-from models.quant.writer import encode_weight
+from models.quant.formats import LayerQuant
 
 
 class Linear(nn.Linear):
@@ -150,25 +149,24 @@ def input_dtype(layer: nn.Module) -> torch.dtype:
 class QuantizedLayer(nn.Module):
     """What QuantizedLinear and QuantizedEmbedding share: stored tensors by the file's names, and decoding.
 
-    `weight` is a frozen parameter holding the stored codes; the scales (`weight_scale` and, by
-    format, `weight_scale_2`, `input_scale`, `pre_quant_scale`) are buffers. The memory manager
-    holds and moves them as stored (models/memory.py), and adapters add their deltas to the
-    dequantized weight at take time (models/adapters), so the stored codes never change.
+    `weight` is a frozen parameter holding the stored codes; the scales (by format: `weight_scale`,
+    `weight_scale_2`, `input_scale`, `pre_quant_scale`) are buffers. The memory manager holds and
+    moves them as stored (models/memory.py), and adapters add their deltas to the dequantized weight
+    at take time (models/adapters), so the stored codes never change. Everything that depends on
+    the format is asked of `stored_format` (models/quant/formats/).
     """
 
     holds_quantized_weights = True  # read by models/memory.py, models/adapters and models/patcher.py
 
     def __init__(self, dense_shape: tuple[int, int], quant: LayerQuant,
-                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None,
-                 compute_dtype: torch.dtype, device) -> None:
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], compute_dtype: torch.dtype,
+                 device) -> None:
         super().__init__()
         self.quant = quant
+        self.stored_format = quant.stored_format
         self.compute_dtype = compute_dtype  # the dtype of outputs when the caller does not ask for one
         self._dense_shape = tuple(dense_shape)
-        shapes = dict(tensor_shapes or {})
-        shapes.setdefault("weight", (storage_shape(quant.format, *dense_shape), torch.int8))
-        shapes.setdefault("weight_scale", ((dense_shape[0], 1), torch.float32))
-        for name, (shape, dtype) in shapes.items():
+        for name, (shape, dtype) in tensor_shapes.items():
             if name == "weight":
                 self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
             else:
@@ -182,11 +180,7 @@ class QuantizedLayer(nn.Module):
     def quantized_weight(self, tensors: dict[str, torch.Tensor] | None = None) -> QuantizedWeight:
         """The layer's QuantizedWeight over `tensors` (taken copies), or over its own tensors."""
         own = tensors if tensors is not None else dict(self.named_buffers(recurse=False), weight=self.weight)
-        return QuantizedWeight(
-            self.quant.format, own["weight"], own["weight_scale"], torch.Size(self._dense_shape),
-            tensor_scale=own.get("weight_scale_2"), input_scale=own.get("input_scale"),
-            pre_quant_scale=own.get("pre_quant_scale"), rotation_group=self.quant.rotation_group,
-            full_precision=self.quant.full_precision)
+        return self.stored_format.weight(own, self._dense_shape, self.quant)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight in `dtype`, without adapter patches."""
@@ -200,21 +194,23 @@ class QuantizedLayer(nn.Module):
         the stored (for int8 convrot: rotated) weight, i.e. half the row scale for int8 and half a
         unit in the last place of the scaled value for the float formats.
         """
-        stored = encode_weight(weight, self.quant)
+        stored = self.stored_format.encode(weight, self.quant)
         kept = {name: tensor for name, tensor in self.named_buffers(recurse=False) if name not in stored}
         return {**kept, **stored}
 
 
 class QuantizedLinear(QuantizedLayer):
-    """A Linear whose weight stays quantized; its forward is the unified Linear on a QuantizedWeight.
+    """A Linear whose weight stays quantized; its forward is its format's product on the stored weight.
 
-    The Linear picks a quantized product where one exists for the format and device, and
-    dequantize-then-matmul otherwise (kernels/quantized_linear.py). With an adapter patch active on
-    this layer, the patched weight is dequantized for this op and the float product runs.
+    The product is the unified Linear on a QuantizedWeight, which picks a quantized product where
+    one exists for the format and device and dequantize-then-matmul otherwise
+    (kernels/quantized_linear.py). With an adapter patch active on this layer, the patched weight
+    is dequantized for this op and the format's `linear_patched` runs the float product.
+    `tensor_shapes` gives each stored tensor's (shape, dtype) by leaf name, as the file has them.
     """
 
-    def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *, bias: bool = True,
-                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+    def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], bias: bool = True,
                  compute_dtype: torch.dtype = torch.float32, device=None) -> None:
         super().__init__((out_features, in_features), quant, tensor_shapes, compute_dtype, device)
         self.in_features, self.out_features = in_features, out_features
@@ -231,21 +227,19 @@ class QuantizedLinear(QuantizedLayer):
             if bias is not None:
                 bias = apply_patches(self, "bias", bias.to(x.dtype))
             if not patch_signature(self, "weight"):
-                return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                              residual=residual, residual_scale=residual_scale)
-            dense = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
-            if weight.pre_quant_scale is not None:
-                x = apply_prologue(x, prologue, prologue_weight, eps) * weight.pre_quant_scale.to(x.dtype)
-                prologue = prologue_weight = None
-            return linear(x, dense, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                          residual=residual, residual_scale=residual_scale)
+                return self.stored_format.linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight,
+                                                 eps=eps, residual=residual, residual_scale=residual_scale)
+            patched = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True).to(x.dtype)
+            return self.stored_format.linear_patched(x, weight, patched, bias, prologue=prologue,
+                                                     prologue_weight=prologue_weight, eps=eps, residual=residual,
+                                                     residual_scale=residual_scale)
 
 
 class QuantizedEmbedding(QuantizedLayer):
     """An Embedding whose table stays quantized (int8_tensorwise or float8); only looked-up rows are dequantized."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, quant: LayerQuant, *, padding_idx: int | None = None,
-                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+    def __init__(self, num_embeddings: int, embedding_dim: int, quant: LayerQuant, *,
+                 tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], padding_idx: int | None = None,
                  compute_dtype: torch.dtype = torch.float32, device=None) -> None:
         super().__init__((num_embeddings, embedding_dim), quant, tensor_shapes, compute_dtype, device)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
@@ -257,4 +251,4 @@ class QuantizedEmbedding(QuantizedLayer):
             if patch_signature(self, "weight"):
                 table = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True)
                 return F.embedding(ids, table.to(dtype), self.padding_idx)
-            return embedding_rows(ids, weight, dtype)  # (*ids.shape, embedding_dim)
+            return self.stored_format.embedding(ids, weight, dtype)  # (*ids.shape, embedding_dim)

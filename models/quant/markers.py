@@ -10,8 +10,10 @@
    `<layer>.scale_input` (read as `input_scale`, ignored when it is exactly 1).
 
 `read_plan` turns any of them into one `QuantPlan`: a `LayerQuant` per layer, and the file keys each
-layer's tensors are read from. A marker naming a format Weft does not read is refused with the
-layer, the format found and the formats supported.
+layer's tensors are read from. What a marker's options mean and which tensors a layer carries
+are asked of the layer's format object (models/quant/formats/); this module knows only the three
+forms. A marker naming a format Weft does not read is refused with the layer, the format found
+and the formats supported.
 """
 from __future__ import annotations
 
@@ -20,47 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.quantized import WeightFormat, is_power_of_4
+from models.quant.formats import SUPPORTED_FORMATS, LayerQuant, format_named
+from models.quant.formats.float8 import LEGACY_LEAVES, LEGACY_MARKER, legacy_format
 
 MARKER_SUFFIX = ".comfy_quant"
 HEADER_KEY = "_quantization_metadata"
-LEGACY_MARKER = "scaled_fp8"
-SUPPORTED_FORMATS = tuple(fmt.value for fmt in WeightFormat)
-# Tensors a quantized layer may carry beside `weight` (and `bias`), by format.
-EXTRA_TENSORS = {
-    WeightFormat.INT8: ("weight_scale",),
-    WeightFormat.FLOAT8_E4M3: ("weight_scale", "input_scale"),
-    WeightFormat.FLOAT8_E5M2: ("weight_scale", "input_scale"),
-    WeightFormat.NVFP4: ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale"),
-    WeightFormat.MXFP8: ("weight_scale",),
-}
-REQUIRED_TENSORS = {
-    WeightFormat.INT8: ("weight_scale",),
-    WeightFormat.FLOAT8_E4M3: ("weight_scale",),
-    WeightFormat.FLOAT8_E5M2: ("weight_scale",),
-    WeightFormat.NVFP4: ("weight_scale", "weight_scale_2"),
-    WeightFormat.MXFP8: ("weight_scale",),
-}
-DEFAULT_ROTATION_GROUP = 256
 
-
-@dataclass(frozen=True)
-class LayerQuant:
-    """How one layer's weight is stored: its format and the options its marker sets."""
-
-    format: WeightFormat
-    rotation_group: int = 0         # int8 "convrot" Hadamard group size; 0 = not rotated
-    full_precision: bool = False    # `full_precision_matrix_mult`: dequantize, then a float product
-
-    def marker(self) -> dict:
-        """The marker JSON object ComfyUI writes for this layer (key order as ComfyUI's writer has it)."""
-        conf: dict = {"format": self.format.value}
-        if self.full_precision:
-            conf["full_precision_matrix_mult"] = True
-        if self.rotation_group:
-            conf["convrot"] = True
-            conf["convrot_groupsize"] = self.rotation_group
-        return conf
+__all__ = ["HEADER_KEY", "LEGACY_MARKER", "MARKER_SUFFIX", "SUPPORTED_FORMATS", "LayerQuant", "QuantPlan",
+           "marker_bytes", "parse_marker", "read_plan"]
 
 
 @dataclass
@@ -86,25 +55,14 @@ def parse_marker(layer: str, conf: object, where: str) -> LayerQuant:
     if name is None:
         raise ValueError(f"{where}: layer {layer!r} has a quantization marker without a \"format\" "
                          f"(found keys {sorted(conf)}); supported formats: {', '.join(SUPPORTED_FORMATS)}")
-    try:
-        fmt = WeightFormat(name)
-    except ValueError:
+    fmt = format_named(name)
+    if fmt is None:
         raise ValueError(f"{where}: layer {layer!r} is quantized in format {name!r}, which Weft does not read; "
-                         f"supported formats: {', '.join(SUPPORTED_FORMATS)}") from None
+                         f"supported formats: {', '.join(SUPPORTED_FORMATS)}")
     if conf.get("num_experts"):
         raise ValueError(f"{where}: layer {layer!r} is a {name} mixture-of-experts table (num_experts "
                          f"{conf['num_experts']}); Weft reads quantized Linear and Embedding layers only")
-    rotated = bool(conf.get("convrot", params.get("convrot", False)))
-    group = 0
-    if rotated:
-        if fmt is not WeightFormat.INT8:
-            raise ValueError(f"{where}: layer {layer!r} asks for a convrot rotation in format {name!r}; "
-                             "only int8_tensorwise weights are rotated")
-        group = int(conf.get("convrot_groupsize", params.get("convrot_groupsize", DEFAULT_ROTATION_GROUP)))
-        if not is_power_of_4(group):
-            raise ValueError(f"{where}: layer {layer!r} has convrot_groupsize {group}; the rotation is defined for "
-                             "powers of 4 (4, 16, 64, 256, ...)")
-    return LayerQuant(fmt, group, bool(conf.get("full_precision_matrix_mult", False)))
+    return fmt.read_options(layer, conf, params, where)
 
 
 def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tensor, where: str) -> QuantPlan:
@@ -143,15 +101,15 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
         _legacy_float8(keys, prefix, read_tensor, confs, renames, plan)
     for layer, conf in confs.items():
         quant = parse_marker(layer, conf, where)
+        stored = quant.stored_format.scales
         sources = {"weight": prefix + layer + ".weight"}
-        for leaf in EXTRA_TENSORS[quant.format]:
+        for leaf in stored.leaves:
             key = renames.get(layer, {}).get(leaf, f"{prefix}{layer}.{leaf}")
             if key in key_set:
                 sources[leaf] = key
-        missing = [leaf for leaf in ("weight", *REQUIRED_TENSORS[quant.format])
-                   if leaf not in sources or sources[leaf] not in key_set]
+        missing = [leaf for leaf in ("weight", *stored.required) if leaf not in sources or sources[leaf] not in key_set]
         if missing:
-            raise ValueError(f"{where}: layer {layer!r} is marked {quant.format.value} but the file lacks "
+            raise ValueError(f"{where}: layer {layer!r} is marked {quant.stored_format.name} but the file lacks "
                              f"{', '.join(f'{prefix}{layer}.{leaf}' for leaf in missing)}")
         plan.layers[layer] = quant
         plan.sources[layer] = sources
@@ -159,29 +117,27 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
 
 
 def _legacy_float8(keys: list[str], prefix: str, read_tensor, confs: dict, renames: dict, plan: QuantPlan) -> None:
-    """Layers of the old scaled-float8 form, added to `confs` (marker tensors, if any, keep precedence)."""
+    """Layers of the legacy scaled-float8 form (models/quant/formats/float8.py), added to `confs`.
+
+    Marker tensors, if any, keep precedence; `renames[layer]` maps the usual leaf names to the legacy keys.
+    """
     marker_key = prefix + LEGACY_MARKER
     if marker_key not in keys:
         return
-    marker = read_tensor(marker_key)
-    fmt = WeightFormat.FLOAT8_E5M2 if marker.dtype == torch.float8_e5m2 else WeightFormat.FLOAT8_E4M3
-    full_precision = marker.numel() == 2
+    fmt, full_precision = legacy_format(read_tensor(marker_key))
     plan.marker_keys.add(marker_key)
     key_set = set(keys)
+    weight_scale_suffix = "." + LEGACY_LEAVES["weight_scale"]
     for key in keys:
-        if not (key.startswith(prefix) and key.endswith(".scale_weight")):
+        if not (key.startswith(prefix) and key.endswith(weight_scale_suffix)):
             continue
-        layer = key[len(prefix):-len(".scale_weight")]
+        layer = key[len(prefix):-len(weight_scale_suffix)]
         renames[layer] = {"weight_scale": key}
-        scale_input = f"{prefix}{layer}.scale_input"
-        if scale_input in key_set:
-            if float(read_tensor(scale_input).float().reshape(-1)[0]) == 1.0:
-                plan.marker_keys.add(scale_input)  # a unit input scale means none
+        input_scale = f"{prefix}{layer}.{LEGACY_LEAVES['input_scale']}"
+        if input_scale in key_set:
+            if float(read_tensor(input_scale).float().reshape(-1)[0]) == 1.0:
+                plan.marker_keys.add(input_scale)  # a unit input scale means none
             else:
-                renames[layer]["input_scale"] = scale_input
+                renames[layer]["input_scale"] = input_scale
         if layer not in confs:
-            conf = {"format": fmt.value}
-            if full_precision:
-                conf["full_precision_matrix_mult"] = True
-            confs[layer] = conf
-
+            confs[layer] = LayerQuant(fmt.arithmetic, 0, full_precision).marker()
