@@ -151,7 +151,10 @@ class RunningServer:
 async def start_server(runtime: AppRuntime, config: ServerConfig) -> RunningServer:
     """Start the application on config.host (comma-separated) and config.port (0: a free port)."""
     app = create_app(runtime, config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    # auto_decompress=False: aiohttp would inflate a compressed body on the event loop as it arrives,
+    # before any check; the security middleware inflates it after its checks, off the loop, bounded.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                           auto_decompress=False)
     await runner.setup()
     hosts = [h.strip() for h in config.host.split(",")] or ["127.0.0.1"]
     port = config.port
