@@ -284,22 +284,28 @@ class JsonTooDeep(ValueError):
     """JSON nested more deeply than the server accepts."""
 
 
-def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def check_json_depth(value: Any, *, max_depth: int = MAX_JSON_DEPTH, what: str = "JSON") -> Any:
+    """`value`, or JsonTooDeep when its lists and objects nest more than `max_depth` levels (measured
+    without recursion, so measuring a hostile value cannot itself overflow the stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else ()
+        for child in children:
+            if isinstance(child, (dict, list, tuple)):
+                if depth + 1 > max_depth:
+                    raise JsonTooDeep(f"{what} nested more than {max_depth} levels deep")
+                stack.append((child, depth + 1))
+    return value
+
+
+def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, what: str = "JSON") -> Any:
     """json.loads, refusing (JsonTooDeep) a value nested more than `max_depth` levels deep."""
     try:
         value = json.loads(text)
     except RecursionError:
-        raise JsonTooDeep(f"JSON nested more than {max_depth} levels deep") from None
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth + 1 > max_depth:
-                    raise JsonTooDeep(f"JSON nested more than {max_depth} levels deep")
-                stack.append((child, depth + 1))
-    return value
+        raise JsonTooDeep(f"{what} nested more than {max_depth} levels deep") from None
+    return check_json_depth(value, max_depth=max_depth, what=what)
 
 
 def json_error(status: int, message: str, *, error_type: str = "invalid_request", details: str = "") -> web.Response:

@@ -1,4 +1,4 @@
-"""Compressed request bodies: a gzip bomb must not stall the server, before or after authentication."""
+"""Hostile request bodies: gzip bombs that must not stall the server, prompts nested too deep to hand on."""
 from __future__ import annotations
 
 import asyncio
@@ -104,3 +104,33 @@ def test_unknown_or_stacked_encodings_are_refused(light_server):
     status, _, reply = http("POST", light_server.url + "/prompt", raw=b"not gzip at all",
                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
     assert status == 400 and b"gzip" in reply
+
+
+def _nested(depth: int):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_prompt_nested_900_deep_is_refused_at_the_door(light_server):
+    url = light_server.url
+    # The value rides in a widget input: it used to be accepted, then never reached a worker (pickle
+    # overflowed), and the job showed "running" forever.
+    deep = {"1": {"class_type": "TestConst", "inputs": {"value": 1, "extra": {"__value__": _nested(900)}}},
+            "2": {"class_type": "TestOutput", "inputs": {"value": ["1", 0]}}}
+    import json
+    for body in ({"prompt": deep}, {"prompt": const_prompt(1), "extra_data": {"x": _nested(900)}},
+                 {"prompt": const_prompt(1), "extra_data": {"x": _nested(70)}}):
+        status, _, reply = http("POST", url + "/prompt", raw=json.dumps(body).encode(),
+                                headers={"Content-Type": "application/json"})
+        assert status == 400, reply[:300]
+        assert b"nested more than 64 levels deep" in reply
+    status, queue = 0, None
+    status, _, raw_queue = http("GET", url + "/queue")
+    queue = json.loads(raw_queue)
+    assert status == 200 and queue["queue_running"] == [] and queue["queue_pending"] == []
+    # A prompt of ordinary depth still runs.
+    status, _, reply = http("POST", url + "/prompt", raw=json.dumps({"prompt": const_prompt(9)}).encode())
+    assert status == 200
+    assert wait_terminal(url, json.loads(reply)["prompt_id"])["outputs"]["2"]["values"] == [9]
