@@ -881,13 +881,17 @@ async def get_internal_files(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.get_running_loop().run_in_executor(None, newest_first))
 
 
-def add_unprefixed_routes(app: web.Application) -> None:
-    """Routes without an /api twin: templates, and the editor's static files (last: it matches everything)."""
+def add_template_routes(app: web.Application) -> None:
+    """The workflow templates' routes (without an /api twin, as ComfyUI serves them)."""
     app.router.add_get("/templates/index.json", get_template_index)
     app.router.add_get("/templates/index_logo.json", get_template_logos)
     app.router.add_get(r"/templates/index.{locale:[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?}.json",
                        get_template_index_localized)
     app.router.add_get("/templates/{name}", get_template_file)
+
+
+def add_editor_route(app: web.Application) -> None:
+    """The editor's static files and extension folders: registered last, as it matches every path."""
     app.router.add_get("/{tail:.*}", get_static)
 
 
