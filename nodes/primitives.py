@@ -5,6 +5,7 @@ import ast
 import json
 import math
 import operator
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,16 +21,33 @@ def _primitive(node_id: str, display: str, type_: str, make_input, description: 
     )
 
 
-def _preview_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
+# A repr that stops a few levels down, so a deeply nested or self-containing value stays short.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 2000
+
+
+def _describe(value: Any) -> str:
+    """One value that JSON cannot hold, as text: its own summary, its shape, or its repr."""
+    summary = getattr(value, "preview_summary", None)
+    if callable(summary):
+        return summary()
     shape = getattr(value, "shape", None)
     if shape is not None:
         return f"{type(value).__name__} of shape {list(shape)}, dtype {getattr(value, 'dtype', '?')}"
+    return _SHORT_REPR.repr(value)
+
+
+def _preview_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if getattr(value, "shape", None) is not None or callable(getattr(value, "preview_summary", None)):
+        return _describe(value)
     try:
-        return json.dumps(value, indent=2, default=lambda o: _preview_text(o))
-    except (TypeError, ValueError):
-        return repr(value)
+        # `default` describes each value JSON cannot hold without calling json again, so no object
+        # (a model, a value that refers to itself) can send this into endless recursion.
+        return json.dumps(value, indent=2, default=_describe)
+    except (TypeError, ValueError, RecursionError):  # circular or far too deeply nested
+        return _describe(value)
 
 
 def preview_any(source: Any) -> NodeOutput:

@@ -100,9 +100,9 @@ def parse_marker(layer: str, conf: object, where: str) -> LayerQuant:
         if fmt is not WeightFormat.INT8:
             raise ValueError(f"{where}: layer {layer!r} asks for a convrot rotation in format {name!r}; "
                              "only int8_tensorwise weights are rotated")
-        group = int(conf.get("convrot_groupsize", params.get("convrot_groupsize", DEFAULT_ROTATION_GROUP)))
-        if not is_power_of_4(group):
-            raise ValueError(f"{where}: layer {layer!r} has convrot_groupsize {group}; the rotation is defined for "
+        group = conf.get("convrot_groupsize", params.get("convrot_groupsize", DEFAULT_ROTATION_GROUP))
+        if isinstance(group, bool) or not isinstance(group, int) or not is_power_of_4(group):
+            raise ValueError(f"{where}: layer {layer!r} has convrot_groupsize {group!r}; the rotation is defined for "
                              "powers of 4 (4, 16, 64, 256, ...)")
     return LayerQuant(fmt, group, bool(conf.get("full_precision_matrix_mult", False)))
 
@@ -122,7 +122,7 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
             raw = read_tensor(key)
             try:
                 confs[key[len(prefix):-len(MARKER_SUFFIX)]] = json.loads(raw.numpy().tobytes().decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
                 raise ValueError(f"{where}: {key!r} is not a JSON quantization marker ({error})") from None
             plan.marker_keys.add(key)
     header = metadata.get(HEADER_KEY)
@@ -130,7 +130,7 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
         try:
             layers = json.loads(header)["layers"]
             items = list(layers.items())
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise ValueError(f"{where}: __metadata__[{HEADER_KEY!r}] is not a JSON object with \"layers\" "
                              f"({type(error).__name__}: {error})") from None
         for layer, conf in items:  # the header wins over marker tensors
