@@ -75,7 +75,8 @@ def split_host(value: str) -> tuple[str, int | None]:
 
 
 def _refuse(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"type": "forbidden" if status == 403 else "refused", "message": message,
+    error_type = {403: "forbidden", 413: "too_large"}.get(status, "refused")
+    return web.json_response({"error": {"type": error_type, "message": message,
                                          "details": "", "extra_info": {}}, "node_errors": {}}, status=status,
                              headers={"X-Content-Type-Options": "nosniff"})
 
@@ -140,6 +141,17 @@ def is_safe_navigation(request: web.Request) -> bool:
             and request.headers.get("Upgrade", "").lower() != "websocket")
 
 
+def _add_page_headers(headers) -> None:
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    # Only this server's own pages may frame the editor (older browsers send no Sec-Fetch-* headers).
+    headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+    csp = headers.get("Content-Security-Policy")
+    if csp is None:
+        headers["Content-Security-Policy"] = "frame-ancestors 'self'"
+    elif "frame-ancestors" not in csp:
+        headers["Content-Security-Policy"] = csp.rstrip("; ") + "; frame-ancestors 'self'"
+
+
 def security_middleware(config: SecurityConfig):
     """The aiohttp middleware enforcing `config`."""
 
@@ -173,15 +185,17 @@ def security_middleware(config: SecurityConfig):
                 request = await inflated_request(request, config.max_body_bytes)
             except BodyRefused as refused:
                 return _refuse(refused.status, str(refused))
-        response = await handler(request)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        # Only this server's own pages may frame the editor (older browsers send no Sec-Fetch-* headers).
-        response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
-        csp = response.headers.get("Content-Security-Policy")
-        if csp is None:
-            response.headers["Content-Security-Policy"] = "frame-ancestors 'self'"
-        elif "frame-ancestors" not in csp:
-            response.headers["Content-Security-Policy"] = csp.rstrip("; ") + "; frame-ancestors 'self'"
+        try:
+            response = await handler(request)
+        except web.HTTPRequestEntityTooLarge:  # aiohttp's own body cap: the same JSON as ours
+            response = _refuse(413, f"request body is over the limit of {config.max_body_bytes} bytes "
+                                    f"(--max-upload-size)")
+        except web.HTTPException as exc:
+            # An error raised as an exception (405, a handler's 400) carries the same headers as any
+            # other response.
+            _add_page_headers(exc.headers)
+            raise
+        _add_page_headers(response.headers)
         if config.token is not None and "token" in request.query and request.cookies.get(TOKEN_COOKIE) != config.token:
             response.set_cookie(TOKEN_COOKIE, config.token, httponly=True, samesite="Strict", path="/")
         return response
