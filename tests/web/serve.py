@@ -246,7 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         def add_common(parser):
             weft_main._argument_extensions = lambda: []
             weft_main.add_common_arguments(parser)
-    return server.main(argv, add_common_arguments=add_common, runtime_factory=LightRuntime if light else full_runtime)
+    factory = LightRuntime if light else full_runtime
+    parser = server.build_parser(add_common)
+    args = parser.parse_args(argv)
+    import main as weft
+
+    # --workers N: the same local Ray pool `python main.py --workers N` starts, over this runtime.
+    return server.serve(parser, args, factory, worker_pool=weft.worker_pool_from_args(parser, args))
 
 
 if __name__ == "__main__":
