@@ -63,10 +63,12 @@ def add_loop_limit_argument(parser: argparse.ArgumentParser) -> None:
 
 def _argument_extensions():
     """Argument groups owned by other parts (memory manager, previews, plugins); their flag modules are torch-free."""
+    from media import limits as media_limits
     from models import memory_flags
     from nodes import plugins, preview_settings
 
-    return [memory_flags.add_cli_arguments, preview_settings.add_cli_arguments, plugins.add_cli_arguments]
+    return [memory_flags.add_cli_arguments, media_limits.add_cli_arguments, preview_settings.add_cli_arguments,
+            plugins.add_cli_arguments]
 
 
 def cache_from_args(args: argparse.Namespace):
@@ -108,9 +110,11 @@ class Runtime:
         self.args = args
         self.paths = paths_from_args(args, create=runs_jobs)
         if runs_jobs:
+            from media import limits as media_limits
             from models import memory
 
             memory.configure_from_args(args)
+            media_limits.configure_from_args(args)
         self.registry = builtin_registry()
         self.plugin_reports: list[Any] = []
         self.events = events or EventBus()

@@ -24,6 +24,12 @@ name, then rename), with the next free counter when its name is a numbered one (
 and rewrites the event and the outputs to the names it gave. The runner then writes the record and
 only then gives the files their final names, as for a local worker.
 
+Held back by the GIL: the stream is Python code in the actor's own process, so a node that holds
+Python's lock in one long C call (a huge integer power, an extension that does not release it) keeps
+the events and files it sent before that call in the actor until the call ends. Sending them from a
+thread that needs no Python lock would mean running the worker host in a child process of the actor
+(the actor then only relays, as the local worker's pipe does); that is not done yet.
+
 Faults: the generator raising (process killed, machine gone) is `WorkerDied`: the runner re-queues
 the job once, on another worker when one is idle, then records it interrupted; a fresh actor replaces
 the dead one at once. Interrupts go to the actor as messages; a node that ignores one past the grace
@@ -410,19 +416,76 @@ class RayTransport(Transport):
 
 
 # ---------------------------------------------------------------------- the pool
-def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None) -> bool:
-    """Connect to `address` or start a local Ray instance; False when this process was connected already."""
+LOCAL_POOL_RECORD = "ray_local_pool.json"  # under the user folder: the local pool's processes (cluster.reaper)
+
+
+def _bind_to_loopback() -> None:
+    """Make a local Ray listen on 127.0.0.1 only. Ray resolves a node address of 127.0.0.1 to the
+    machine's outward address unless it believes clusters are off; with that switch off every service
+    it starts (control service, raylet, agents, workers) binds loopback. The switch is read from the
+    environment by the processes Ray starts and from its constants module by this one."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+class LocalPoolWatch:
+    """The reaper process watching a local Ray pool (see `cluster.reaper`), and its record."""
+
+    def __init__(self, record: Path) -> None:
+        import subprocess
+
+        from cluster import reaper
+
+        self.record = record
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cluster.reaper", str(record), str(os.getpid())], cwd=REPO_ROOT,
+            preexec_fn=reaper.set_parent_death_signal, stdin=subprocess.DEVNULL)
+
+    def close(self) -> None:
+        """After Ray's own shutdown: stop the reaper and end anything still recorded."""
+        from cluster import reaper
+
+        self.process.kill()
+        self.process.wait()
+        reaper.end_recorded(self.record)
+
+
+def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None,
+              record_dir: Path | None = None) -> Callable[[], None] | None:
+    """Connect to `address` or start a local Ray instance; returns the function that shuts down what
+    was started here, or None when this process was connected already.
+
+    A local instance binds 127.0.0.1 only. With `record_dir`, its processes are recorded there and end
+    when this process dies (`cluster.reaper`); what a killed predecessor left is ended first."""
     if ray.is_initialized():
-        return False
+        return None
     path = os.environ.get("PYTHONPATH", "")
     # Workers import Weft's modules (the recipe's factory) from the folder this server runs from.
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)}}
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, include_dashboard=False,
-                 runtime_env=runtime_env, logging_level=logging.WARNING)
-    return True
+        return ray.shutdown
+    watch = None
+    if record_dir is not None:
+        from cluster import reaper
+
+        record = Path(record_dir) / LOCAL_POOL_RECORD
+        left = reaper.end_recorded(record)
+        if left:
+            logger.warning("ended %d Ray process(es) a previous server left running", left)
+    _bind_to_loopback()
+    ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, include_dashboard=False,
+             _node_ip_address="127.0.0.1", runtime_env=runtime_env, logging_level=logging.WARNING)
+    if record_dir is not None:
+        watch = LocalPoolWatch(record)
+
+    def shutdown() -> None:
+        ray.shutdown()
+        if watch is not None:
+            watch.close()
+    return shutdown
 
 
 def ray_pool(runtime: Any, recipes: list[RuntimeRecipe], *, grace_s: float = DEFAULT_INTERRUPT_GRACE_S,
@@ -453,12 +516,13 @@ def pool_from_args(args: argparse.Namespace) -> Callable[[Any, Any], WorkerPool]
         if config.worker_recipe is None:
             raise ValueError("Ray workers build their runtime from the server's recipe; none was given")
         local_count = args.workers or 1
-        started = start_ray(args.ray_address, num_cpus=None if args.ray_address else max(local_count, os.cpu_count() or 1))
+        shutdown = start_ray(args.ray_address, num_cpus=None if args.ray_address else max(local_count, os.cpu_count() or 1),
+                             record_dir=runtime.paths.user)
         gpus = float(ray.cluster_resources().get("GPU", 0))
         per_worker = args.worker_gpus if args.worker_gpus is not None else (1.0 if gpus else 0.0)
         count = args.workers or (max(1, int(gpus // per_worker)) if per_worker else 1)
         logger.info("%d Ray worker(s), %g GPU each, on %s", count, per_worker, args.ray_address or "a local Ray")
         return ray_pool(runtime, [config.worker_recipe] * count, grace_s=config.interrupt_grace_s,
                         gpus_per_worker=per_worker, threads=args.worker_threads,
-                        shutdown=ray.shutdown if started else None)
+                        shutdown=shutdown)
     return build

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import av
 import numpy as np
 import torch
 
+from media.limits import FLOAT_BYTES, DecodeLimits, decode_limits
 from media.staging import staged_file
 
 FLAC_SAMPLES_PER_FRAME = 1 << 16  # samples handed to the FLAC encoder per call
@@ -42,8 +44,13 @@ def resample_waveform(waveform: torch.Tensor, from_hz: int, to_hz: int) -> torch
     """
     if from_hz == to_hz:
         return waveform
+    limits = decode_limits()
+    limits.check_sample_rate(int(from_hz), "sound to be resampled")
+    limits.check_sample_rate(int(to_hz), "a resampling target")
     length = waveform.shape[-1]
     wanted = int(round(length * to_hz / from_hz))
+    rows_count = math.prod(waveform.shape[:-1])
+    limits.check_bytes(rows_count * wanted * FLOAT_BYTES, f"sound resampled from {from_hz} to {to_hz} Hz")
     rows = waveform.detach().reshape(-1, length).float().cpu().numpy()
     result = np.zeros((rows.shape[0], wanted), dtype=np.float32)
     for row_index, row in enumerate(rows):
@@ -85,30 +92,56 @@ def fit_length(waveform: torch.Tensor, samples: int) -> torch.Tensor:
     return torch.cat([waveform, silence], dim=-1)
 
 
-def decode_audio(path: str | os.PathLike) -> dict | None:
+def decode_audio(path: str | os.PathLike, limits: DecodeLimits | None = None) -> dict | None:
     """The first sound track of a media file as AUDIO (one clip, float), or None when the file has none.
 
-    A file FFmpeg cannot read raises ValueError."""
+    A file FFmpeg cannot read, or one over the decoding caps (`media.limits`), raises ValueError; the
+    caps are checked against what the file declares before decoding and against what has been decoded
+    as decoding goes."""
     try:
-        return _decode_audio(path)
+        return _decode_audio(Path(path), limits or decode_limits())
     except av.FFmpegError as exc:
         raise ValueError(f"cannot read {Path(path).name!r}: {exc}") from exc
 
 
-def _decode_audio(path: str | os.PathLike) -> dict | None:
+def declared_seconds(container: Any, track: Any) -> float | None:
+    """The duration a container states for `track` (else for itself), in seconds; None when it states none."""
+    if track.duration is not None and track.time_base is not None and track.duration > 0:
+        return float(track.duration * track.time_base)
+    if container.duration is not None and container.duration > 0:
+        return container.duration / av.time_base
+    return None
+
+
+def _decode_audio(path: Path, limits: DecodeLimits) -> dict | None:
+    what = f"the sound of {path.name!r}"
     with av.open(str(path)) as container:
         if not container.streams.audio:
             return None
         track = container.streams.audio[0]
         rate = int(track.codec_context.sample_rate or track.rate or 0)
+        if rate <= 0:
+            raise ValueError(f"{path.name}: its sound track states no sample rate")
+        limits.check_sample_rate(rate, what)
+        seconds = declared_seconds(container, track)
+        limits.check_seconds(seconds, what)
+        channels = max(1, int(track.codec_context.channels or 1))
+        if seconds is not None:
+            limits.check_bytes(int(seconds * rate) * channels * FLOAT_BYTES, what)
         to_float = av.AudioResampler(format="fltp")  # keeps the track's own rate and channel layout
         blocks = []
+        decoded_bytes = 0
         for decoded in container.decode(track):
-            blocks.extend(out.to_ndarray() for out in to_float.resample(decoded))
+            for out in to_float.resample(decoded):
+                block = out.to_ndarray()
+                # Counted as float32 (what the waveform is held as), whatever the block's own type.
+                decoded_bytes += block.shape[0] * block.shape[1] * FLOAT_BYTES
+                limits.check_bytes(decoded_bytes, what)
+                blocks.append(block)
         blocks.extend(out.to_ndarray() for out in to_float.resample(None))
-    if not blocks or rate <= 0:
-        raise ValueError(f"{Path(path).name}: its sound track holds no samples")
-    waveform = torch.from_numpy(np.concatenate(blocks, axis=1).astype(np.float32))  # (C, S)
+    if not blocks:
+        raise ValueError(f"{path.name}: its sound track holds no samples")
+    waveform = torch.from_numpy(np.concatenate(blocks, axis=1).astype(np.float32, copy=False))  # (C, S)
     return {"waveform": waveform.unsqueeze(0), "sample_rate": rate}
 
 

@@ -100,12 +100,19 @@ def _decode_image_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         # An MPO file is a JPEG with extra pictures (a preview, a second eye), not an animation.
         frames = [opened] if opened.format == "MPO" else ImageSequence.Iterator(opened)
         first_size = None
-        for frame in frames:
-            frame = ImageOps.exif_transpose(frame)
+        for number, frame in enumerate(frames, start=1):
+            # Seeking reads a frame's header, not its pixels: every frame's own size is checked here,
+            # before anything decodes it (a TIFF's later page may be far larger than its first).
+            width, height = frame.size
+            if width * height > MAX_DECODE_PIXELS:
+                raise ValueError(f"image file {path.name!r}: frame {number} is {width}x{height} pixels, over "
+                                 f"the limit of {MAX_DECODE_PIXELS // 1_000_000} MP")
             first_size = first_size or frame.size
-            if frame.size == first_size:
-                pictures.append(_rgb_plane(frame))
-                alphas.append(_alpha_plane(frame))
+            if frame.size != first_size:  # frames of another size are left out, so never decoded
+                continue
+            frame = ImageOps.exif_transpose(frame)
+            pictures.append(_rgb_plane(frame))
+            alphas.append(_alpha_plane(frame))
     if not pictures:
         raise ValueError(f"image file {path.name!r} holds no frames")
     images = torch.from_numpy(np.stack(pictures))

@@ -25,8 +25,11 @@ import av
 import numpy as np
 import torch
 
-from media.audio import available_encoder, check_audio, decode_audio, fit_length, match_channels, resample_waveform
+from media.audio import (
+    available_encoder, check_audio, declared_seconds, decode_audio, fit_length, match_channels, resample_waveform,
+)
 from media.image import check_image
+from media.limits import FLOAT_BYTES, PICTURE_CHANNELS, DecodeLimits, decode_limits
 from media.staging import staged_file
 
 MP4_AUDIO_SAMPLE_RATE_HZ = 32000
@@ -170,10 +173,15 @@ def _frames_to_float(frames: np.ndarray) -> torch.Tensor:
 
 
 class VideoFile(Video):
-    """A video file: size, rate and length are read from its header now, pictures when they are needed."""
+    """A video file: size, rate and length are read from its header now, pictures when they are needed.
 
-    def __init__(self, path: str | os.PathLike):
+    Opening refuses a frame size or a declared duration over the decoding caps (`media.limits`);
+    decoding every picture at once (`get_components`) refuses, before it starts, a declared frame count
+    whose pictures would pass the byte cap, and counts the pictures it decodes against that cap."""
+
+    def __init__(self, path: str | os.PathLike, limits: DecodeLimits | None = None):
         self.path = Path(path)
+        self.limits = limits or decode_limits()
         try:
             with av.open(str(self.path)) as container:
                 if not container.streams.video:
@@ -181,8 +189,10 @@ class VideoFile(Video):
                 track = container.streams.video[0]
                 self._width = int(track.codec_context.width)
                 self._height = int(track.codec_context.height)
+                self._check_frame_size(self._width, self._height)
                 stated = track.average_rate or track.guessed_rate or track.base_rate
                 self._frame_rate = as_frame_rate(Fraction(stated) if stated else Fraction(24))
+                self.limits.check_seconds(declared_seconds(container, track), f"video file {self.path.name!r}")
                 self._frames = int(track.frames or 0)  # 0 when the container does not record it
                 self._has_audio = bool(container.streams.audio)
                 pix_fmt = track.codec_context.pix_fmt or ""
@@ -190,6 +200,14 @@ class VideoFile(Video):
         except av.FFmpegError as exc:
             raise ValueError(f"cannot read video file {self.path.name!r}: {exc}") from exc
         self._audio: dict | None = None
+
+    def _check_frame_size(self, width: int, height: int) -> None:
+        if width * height > self.limits.max_frame_pixels:
+            raise ValueError(f"video file {self.path.name!r} has {width}x{height} frames, over the limit of "
+                             f"{self.limits.max_frame_pixels // 1_000_000} MP per frame")
+
+    def _picture_bytes(self, frames: int) -> int:
+        return frames * self._width * self._height * PICTURE_CHANNELS * FLOAT_BYTES
 
     @property
     def nbytes(self) -> int:
@@ -208,7 +226,7 @@ class VideoFile(Video):
 
     def get_audio(self) -> dict | None:
         if self._has_audio and self._audio is None:
-            self._audio = decode_audio(self.path)
+            self._audio = decode_audio(self.path, self.limits)
         return self._audio
 
     def _decoded_frames(self) -> Iterator[np.ndarray]:
@@ -218,6 +236,8 @@ class VideoFile(Video):
             track = container.streams.video[0]
             track.thread_type = "AUTO"
             for frame in container.decode(track):
+                # A stream may change size midway: each frame is checked before it is converted.
+                self._check_frame_size(frame.width, frame.height)
                 yield frame.to_ndarray(format=packing)
 
     def iter_frame_chunks(self, frames_per_chunk: int = FRAMES_PER_CHUNK) -> Iterator[torch.Tensor]:
@@ -231,8 +251,14 @@ class VideoFile(Video):
             yield _frames_to_float(np.stack(pending))
 
     def get_components(self) -> VideoComponents:
+        what = f"video file {self.path.name!r}"
+        self.limits.check_bytes(self._picture_bytes(self._frames), what)  # the declared count (0: unknown)
         # Decoded pictures stay 8/16-bit until the one float tensor is filled, so only one float copy exists.
-        frames = list(self._decoded_frames())
+        frames = []
+        for frame in self._decoded_frames():
+            frames.append(frame)
+            self.limits.check_bytes(len(frames) * frame.shape[0] * frame.shape[1] * PICTURE_CHANNELS * FLOAT_BYTES,
+                                    what)
         if not frames:
             raise ValueError(f"video file {self.path.name!r} holds no decodable pictures")
         images = torch.empty((len(frames),) + frames[0].shape, dtype=torch.float32)

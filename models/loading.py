@@ -110,9 +110,40 @@ def read_header(path: str) -> Header:
     _refuse_non_safetensors(path)
     with open(path, "rb") as f:
         header_len = struct.unpack("<Q", f.read(8))[0]
-        raw = json.loads(f.read(header_len))
+        text = f.read(header_len)
+    return _parse_header(path, text)
+
+
+def _parse_header(path: str, text: bytes) -> Header:
+    """The header's JSON checked entry by entry: a malformed one is a ValueError naming the file and
+    the entry, never a raw KeyError, TypeError or RecursionError."""
+    name = os.path.basename(path)
+    try:
+        raw = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{name}: the safetensors header is JSON nested far too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{name}: the safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name}: the safetensors header is a JSON {type(raw).__name__}, not an object")
     metadata = raw.pop("__metadata__", None) or {}
-    tensors = {k: TensorInfo(v["dtype"], tuple(v["shape"])) for k, v in raw.items()}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{name}: the safetensors header's __metadata__ is not a map of strings to strings")
+    tensors = {}
+    for key, entry in raw.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if not isinstance(dtype, str) or not isinstance(shape, list) \
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ValueError(f"{name}: tensor {key[:200]!r} in the safetensors header needs a \"dtype\" string and "
+                             f"a \"shape\" list of sizes; found {json.dumps(entry)[:200]}")
+        tensors[key] = TensorInfo(dtype, tuple(shape))
+    try:  # the library's own checks (offsets, dtypes), with its message tied to the file
+        from safetensors import SafetensorError, safe_open
+        with safe_open(path, framework="pt", device="cpu"):
+            pass
+    except SafetensorError as exc:
+        raise ValueError(f"{name}: not a valid safetensors file ({exc})") from None
     return Header(path, dict(metadata), tensors)
 
 

@@ -214,6 +214,20 @@ class ModelHandle:
             return self
         return self.merged()
 
+    def preview_summary(self) -> str:
+        """A few lines saying what this handle is (what PreviewAny shows for a MODEL or CLIP wire)."""
+        parameters: dict[str, int] = {}
+        for tensor in [*self.base.parameters(), *self.base.buffers()]:
+            parameters[str(tensor.dtype).removeprefix("torch.")] = parameters.get(
+                str(tensor.dtype).removeprefix("torch."), 0) + tensor.numel()
+        stored = ", ".join(f"{count:,} {dtype}" for dtype, count in sorted(parameters.items(), key=lambda kv: -kv[1]))
+        lines = [f"{self.component.upper()} {self.name or '(unnamed)'}: {type(self.base).__name__}",
+                 f"values: {stored or 'none'}",
+                 f"adapters: {', '.join(f'{source} at {strength:g}' for source, strength in self.adapters) or 'none'}"]
+        if self.options:
+            lines.append(f"options: {', '.join(sorted(self.options))}")
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
         mode = "merged" if self.model is not self.base else "on the fly"
         return f"ModelHandle({self.name or type(self.base).__name__!r}, adapters={self.adapters}, {mode})"

@@ -66,8 +66,11 @@ class PixelLimitError(ValueError):
     """An image larger than the server decodes."""
 
 
+ERROR_TYPES = {400: "invalid_request", 404: "not_found", 413: "too_large"}  # the JSON error's "type" by status
+
+
 def _bad(message: str, status: int = 400) -> web.Response:
-    return json_error(status, message, error_type="invalid_request" if status == 400 else "not_found")
+    return json_error(status, message, error_type=ERROR_TYPES.get(status, "invalid_request"))
 
 
 def check_image_pixels(path: Path, *, max_edge: int, max_pixels: int) -> tuple[int, int] | None:
@@ -102,10 +105,15 @@ def open_capped_image(path: Path, *, max_edge: int, max_pixels: int):
     return image
 
 
+def quoted_name(name: str) -> str:
+    """`name` made safe inside a quoted Content-Disposition filename (no quote, backslash or line break)."""
+    return name.replace("\\", "_").replace('"', "_").replace("\r", "_").replace("\n", "_")
+
+
 def content_headers(name: str) -> tuple[str, dict[str, str]]:
     """(content type, headers): inline for display-only types, attachment otherwise."""
     guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    quoted = name.replace("\\", "_").replace('"', "_").replace("\r", "_").replace("\n", "_")
+    quoted = quoted_name(name)
     if guessed in INLINE_TYPES:
         return guessed, {"Content-Disposition": f'inline; filename="{quoted}"'}
     return "application/octet-stream", {"Content-Disposition": f'attachment; filename="{quoted}"'}
@@ -184,7 +192,7 @@ async def get_view(request: web.Request) -> web.StreamResponse:
         except (ValueError, OSError) as exc:
             return _bad(str(exc)[:300])
         return web.Response(body=body, content_type=content_type,
-                            headers={"Content-Disposition": f'inline; filename="{Path(shown_name).stem}.{content_type[6:]}"',
+                            headers={"Content-Disposition": f'inline; filename="{quoted_name(Path(shown_name).stem)}.{content_type[6:]}"',
                                      "Cache-Control": "no-cache"})
     return serve_file(path, name=shown_name)
 
@@ -881,13 +889,17 @@ async def get_internal_files(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.get_running_loop().run_in_executor(None, newest_first))
 
 
-def add_unprefixed_routes(app: web.Application) -> None:
-    """Routes without an /api twin: templates, and the editor's static files (last: it matches everything)."""
+def add_template_routes(app: web.Application) -> None:
+    """The workflow templates' routes (without an /api twin, as ComfyUI serves them)."""
     app.router.add_get("/templates/index.json", get_template_index)
     app.router.add_get("/templates/index_logo.json", get_template_logos)
     app.router.add_get(r"/templates/index.{locale:[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?}.json",
                        get_template_index_localized)
     app.router.add_get("/templates/{name}", get_template_file)
+
+
+def add_editor_route(app: web.Application) -> None:
+    """The editor's static files and extension folders: registered last, as it matches every path."""
     app.router.add_get("/{tail:.*}", get_static)
 
 

@@ -21,7 +21,7 @@ from execution.job_store import API_TO_STORE, Job, workflow_id_of
 from execution.paths import MODEL_FOLDERS, UnsafePathError
 from web.files import refuses_os_errors
 from web.object_info import object_info
-from web.security import JsonTooDeep, json_error, loads_bounded
+from web.security import JsonTooDeep, check_json_depth, json_error, loads_bounded
 from web.state import STATE_KEY, WEFT_VERSION, ServerState
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,14 @@ async def read_json(request: web.Request, *, allow_empty: bool = False) -> Any:
                                                            "details": "", "extra_info": {}}, "node_errors": {}}),
                                  content_type="application/json")
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        # Bounded depth: a job's prompt crosses to its worker by pickle, which a value nested hundreds
+        # deep overflows; every body is held to the same bound at the door.
+        return loads_bounded(raw, what="the request body is JSON")
+    except JsonTooDeep as exc:
+        raise web.HTTPBadRequest(text=json.dumps({"error": {"type": "invalid_prompt", "message": str(exc),
+                                                           "details": "", "extra_info": {}}, "node_errors": {}}),
+                                 content_type="application/json") from None
+    except ValueError as exc:
         raise web.HTTPBadRequest(text=json.dumps({"error": {"type": "invalid_prompt", "message": "body is not valid JSON",
                                                            "details": str(exc)[:300], "extra_info": {}},
                                                  "node_errors": {}}), content_type="application/json") from None
@@ -109,6 +115,11 @@ async def post_prompt(request: web.Request) -> web.Response:
         return web.json_response({"error": {"type": "invalid_prompt", "message": "the prompt could not be validated",
                                             "details": f"{type(exc).__name__}: {exc}"[:500], "extra_info": {}},
                                   "node_errors": {}}, status=400)
+    try:  # node packs' prompt handlers and the workflow conversion ran since the body was read
+        check_json_depth(api_prompt, what="the prompt is")
+        check_json_depth(extra_data, what="'extra_data' is")
+    except JsonTooDeep as exc:
+        return _bad(str(exc))
     queue_number = float(number) if number is not None else state.store.next_number(front=front)
     if number is not None and front:
         queue_number = -abs(queue_number)

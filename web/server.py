@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import secrets
 import signal
 import socket
@@ -79,8 +80,9 @@ def create_app(runtime: AppRuntime, config: ServerConfig) -> web.Application:
         app.router.add_get(prefix + "/ws", websocket_handler)
         for method, path, handler in route_table():
             app.router.add_route(method, prefix + path, handler)
-    mount_pack_routes(app, state.packs)
-    files.add_unprefixed_routes(app)
+    files.add_template_routes(app)
+    mount_pack_routes(app, state.packs, claims=WeftClaims.of(app, state.front_end_root))
+    files.add_editor_route(app)  # last: it matches every path no other route took
     logs.install(app)
     app.on_startup.append(state.startup)
     app.on_shutdown.append(_close_websockets)
@@ -88,9 +90,70 @@ def create_app(runtime: AppRuntime, config: ServerConfig) -> web.Application:
     return app
 
 
-def mount_pack_routes(app: web.Application, packs: Any) -> None:
+@dataclass
+class WeftClaims:
+    """The paths Weft serves itself, which no node pack route may take: its API and template routes (as
+    sample paths and as patterns), the editor's files and folders, and the extension folders."""
+
+    paths: set[str]
+    patterns: list[re.Pattern]
+    folders: tuple[str, ...]  # prefixes ending in "/": everything below them is Weft's
+
+    @classmethod
+    def of(cls, app: web.Application, front_end_root: Path | None) -> "WeftClaims":
+        """What `app`'s routes registered so far, plus the editor's files under `front_end_root`, claim."""
+        paths = {"/", "/index.html", "/user.css"}
+        patterns = []
+        for resource in app.router.resources():
+            info = resource.get_info()
+            if "path" in info:
+                paths.add(info["path"])
+            elif "formatter" in info:
+                paths.add(_sample_path(info["formatter"]))
+                patterns.append(info["pattern"])
+        folders = {"/extensions/"}  # Weft's own editor extensions and plugins' web folders
+        if front_end_root is not None and front_end_root.is_dir():
+            for path in front_end_root.rglob("*"):
+                relative = "/" + path.relative_to(front_end_root).as_posix()
+                if path.is_file():
+                    paths.add(relative)
+                elif path.parent == front_end_root:
+                    folders.add(relative + "/")
+        return cls(paths, patterns, tuple(sorted(folders)))
+
+    def clash(self, mount: Any) -> str | None:
+        """What of Weft's `mount` (a pack's RouteDef or StaticDef) would take; None when nothing."""
+        if isinstance(mount, web.StaticDef):
+            prefix = mount.prefix.rstrip("/")
+            if not prefix:
+                return "the whole site"
+            taken = next((p for p in sorted(self.paths) if p == prefix or p.startswith(prefix + "/")), None)
+            if taken:
+                return taken
+            return next((f for f in self.folders if (prefix + "/").startswith(f)), None)
+        info = web.UrlDispatcher().add_resource(mount.path).get_info()
+        if "path" in info:
+            sample, matches = info["path"], info["path"].__eq__
+        else:
+            sample, matches = _sample_path(info["formatter"]), info["pattern"].fullmatch
+        taken = next((p for p in sorted(self.paths) if matches(p)), None)
+        if taken:
+            return taken
+        if any(pattern.fullmatch(sample) for pattern in self.patterns):
+            return sample
+        return next((f for f in self.folders if sample.startswith(f)), None)
+
+
+def _sample_path(formatter: str) -> str:
+    """A concrete path a route's formatter (`/settings/{setting_id}`) matches."""
+    return re.sub(r"\{[^}]*\}", "x", formatter)
+
+
+def mount_pack_routes(app: web.Application, packs: Any, *, claims: WeftClaims) -> None:
     """Serve the routes node packs declared on PromptServer.instance.routes, bare and under /api like
-    Weft's own (after them, so a pack never replaces one; static folders are served bare only)."""
+    Weft's own; a route that would take any path Weft serves itself (`claims`) is refused with a log
+    line, so a pack can add pages but never replace the editor or the API. Static folders are served
+    bare only."""
     for route in getattr(packs, "routes", ()):
         if isinstance(route, web.StaticDef):
             mounts = [web.StaticDef(route.prefix, route.path, route.kwargs)]
@@ -102,8 +165,13 @@ def mount_pack_routes(app: web.Application, packs: Any) -> None:
             continue
         for mount in mounts:
             try:
+                taken = claims.clash(mount)
+                if taken:
+                    logger.warning("node pack route %s is not served: it would take %s, which Weft serves",
+                                   _describe(mount), taken)
+                    continue
                 mount.register(app.router)
-            except (RuntimeError, ValueError) as exc:  # taken by Weft's own route, or a malformed path
+            except (RuntimeError, ValueError) as exc:  # a malformed path, or one aiohttp refuses
                 logger.warning("node pack route %s is not served: %s", _describe(mount), exc)
 
 
@@ -151,7 +219,10 @@ class RunningServer:
 async def start_server(runtime: AppRuntime, config: ServerConfig) -> RunningServer:
     """Start the application on config.host (comma-separated) and config.port (0: a free port)."""
     app = create_app(runtime, config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    # auto_decompress=False: aiohttp would inflate a compressed body on the event loop as it arrives,
+    # before any check; the security middleware inflates it after its checks, off the loop, bounded.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                           auto_decompress=False)
     await runner.setup()
     hosts = [h.strip() for h in config.host.split(",")] or ["127.0.0.1"]
     port = config.port

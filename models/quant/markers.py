@@ -80,7 +80,7 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
             raw = read_tensor(key)
             try:
                 confs[key[len(prefix):-len(MARKER_SUFFIX)]] = json.loads(raw.numpy().tobytes().decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
                 raise ValueError(f"{where}: {key!r} is not a JSON quantization marker ({error})") from None
             plan.marker_keys.add(key)
     header = metadata.get(HEADER_KEY)
@@ -88,7 +88,7 @@ def read_plan(keys: list[str], prefix: str, metadata: dict[str, str], read_tenso
         try:
             layers = json.loads(header)["layers"]
             items = list(layers.items())
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise ValueError(f"{where}: __metadata__[{HEADER_KEY!r}] is not a JSON object with \"layers\" "
                              f"({type(error).__name__}: {error})") from None
         for layer, conf in items:  # the header wins over marker tensors

@@ -117,7 +117,7 @@ def pool(tmp_path_factory, reference):
     finally:
         running.stop()
         if started:
-            ray.shutdown()
+            started()
 
 
 def wait_idle(server, timeout: float = 60) -> None:

@@ -189,7 +189,8 @@ def parse_args(argv: list[str], *, light: bool) -> argparse.Namespace:
 class ServerThread:
     """A real server on a free loopback port, run on its own event loop in a thread."""
 
-    def __init__(self, base: Path, *, light: bool = False, extra_args: list[str] = (), config_changes=None) -> None:
+    def __init__(self, base: Path, *, light: bool = False, extra_args: list[str] = (), config_changes=None,
+                 runtime_changes=None) -> None:
         from web.server import config_from_args
 
         self.args = parse_args(["--base-directory", str(base), "--port", "0", "--cache-none", *extra_args],
@@ -203,6 +204,8 @@ class ServerThread:
             self.config.worker_recipe = RuntimeRecipe(factory, self.args)
         if config_changes:
             config_changes(self.config)
+        if runtime_changes:
+            runtime_changes(self.runtime)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="weft-test-server", daemon=True)
         self.thread.start()
@@ -243,7 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         def add_common(parser):
             weft_main._argument_extensions = lambda: []
             weft_main.add_common_arguments(parser)
-    return server.main(argv, add_common_arguments=add_common, runtime_factory=LightRuntime if light else full_runtime)
+    factory = LightRuntime if light else full_runtime
+    parser = server.build_parser(add_common)
+    args = parser.parse_args(argv)
+    import main as weft
+
+    # --workers N: the same local Ray pool `python main.py --workers N` starts, over this runtime.
+    return server.serve(parser, args, factory, worker_pool=weft.worker_pool_from_args(parser, args))
 
 
 if __name__ == "__main__":

@@ -49,9 +49,10 @@ class Int8Tensorwise(QuantFormat):
         full_precision = bool(conf.get("full_precision_matrix_mult", False))
         if not conf.get("convrot", params.get("convrot", False)):
             return LayerQuant(self.arithmetic, 0, full_precision)
-        group = int(conf.get("convrot_groupsize", params.get("convrot_groupsize", DEFAULT_ROTATION_GROUP)))
-        if not is_power_of_4(group):
-            raise ValueError(f"{where}: layer {layer!r} has convrot_groupsize {group}; the rotation is defined for "
+        group = conf.get("convrot_groupsize", params.get("convrot_groupsize", DEFAULT_ROTATION_GROUP))
+        # A marker is JSON from a file: a string, float or bool here is a malformed marker, not a number to coerce.
+        if isinstance(group, bool) or not isinstance(group, int) or not is_power_of_4(group):
+            raise ValueError(f"{where}: layer {layer!r} has convrot_groupsize {group!r}; the rotation is defined for "
                              "powers of 4 (4, 16, 64, 256, ...)")
         return LayerQuant(self.arithmetic, group, full_precision)
 
