@@ -3,19 +3,21 @@
 Topology. The aiohttp server (the front door) keeps the SQLite job store and its job runner; the
 runner's dispatcher hands each job to one idle worker of the pool (`execution/job_runner.py`, chosen by
 `execution/placement.py`). A worker here is a `RemoteWorker` whose transport, `RayTransport`, reaches
-one `WorkerActor`: an actor that builds its own runtime (registry, executor, output cache, model
-cache) from the server's recipe and serves it with the same `WorkerHost` the local worker process
-uses. `--workers N` starts a local Ray instance with N CPU workers; `--ray-address ADDR` joins a
+one `WorkerActor`: an actor whose child process (`cluster/actor_host.py`) builds its own runtime
+(registry, executor, output cache, model cache) from the server's recipe and serves it with the same
+`WorkerHost` the local worker process uses; the actor relays between that child's pipe and Ray. `--workers N` starts a local Ray instance with N CPU workers; `--ray-address ADDR` joins a
 cluster, with one worker per GPU (`num_gpus=1` each) unless --workers says otherwise.
 
 What travels where (the typed messages of `execution/worker_messages.py`, as for a local worker):
 
     front door -> actor   each message pickled by the front door (so a job that cannot be encoded
-                          fails there, before it is sent), through `WorkerActor.deliver`; a RunJob
-                          comes with the job's input files, put in the object store by the front door
+                          fails there, before it is sent), through `WorkerActor.deliver`, which passes
+                          the bytes down the pipe (the child decodes them); a RunJob comes with the
+                          job's input files, put in the object store by the front door
     actor -> front door   one streaming generator (`WorkerActor.messages`) yielding batches of the
-                          worker's messages: WorkerReady, JobEvents in order, OutputFiles, JobResult
-                          (or WorkerFailure when the runtime could not be built or a job not read)
+                          worker's messages, each as the child pickled it (the actor never decodes
+                          them): WorkerReady, JobEvents in order, OutputFiles, JobResult (or
+                          WorkerFailure when the runtime could not be built or a job not read)
 
 The actor writes into its own scratch folders (input, output, temp, user), never into the front
 door's. A file a node reported in its `executed` event is shipped right before that event; the rest
@@ -24,13 +26,16 @@ name, then rename), with the next free counter when its name is a numbered one (
 and rewrites the event and the outputs to the names it gave. The runner then writes the record and
 only then gives the files their final names, as for a local worker.
 
-Held back by the GIL: the stream is Python code in the actor's own process, so a node that holds
-Python's lock in one long C call (a huge integer power, an extension that does not release it) keeps
-the events and files it sent before that call in the actor until the call ends. Sending them from a
-thread that needs no Python lock would mean running the worker host in a child process of the actor
-(the actor then only relays, as the local worker's pipe does); that is not done yet.
+Why a child process: Python's lock is per process. A node that holds it in one long C call (a huge
+integer power, an extension that does not release it) stops every thread of its own process, so when
+the host ran in the actor's process the events and files a node sent before such a call waited there
+until it ended. Now the node runs in the child, whose host writes each message to the pipe as it is
+sent; the actor's relay thread reads the pipe with the actor's own lock and streams on. The child is
+started by that relay thread and dies with it (a parent-death signal), so killing the actor (an ignored
+interrupt, a SIGKILL) ends the node as before, and a child that dies ends the actor's stream with an
+error, which the front door reads as the worker dying.
 
-Faults: the generator raising (process killed, machine gone) is `WorkerDied`: the runner re-queues
+Faults: the generator raising (process killed, machine gone, child dead) is `WorkerDied`: the runner re-queues
 the job once, on another worker when one is idle, then records it interrupted; a fresh actor replaces
 the dead one at once. Interrupts go to the actor as messages; a node that ignores one past the grace
 period gets its actor killed and replaced, as a local worker's process is.
@@ -39,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import os
 import pickle
@@ -57,8 +61,9 @@ import ray
 from execution.events import EventBus
 from execution.paths import STAGING_PREFIX, atomic_write_bytes, confine, next_output_name, staging_token
 from execution.placement import named_files
+from cluster.actor_host import file_items
 from execution.worker import (DEFAULT_INTERRUPT_GRACE_S, RemoteWorker, RuntimeRecipe, Transport, WorkerDied,
-                              WorkerHost, WorkerPool, start_failure)
+                              WorkerPool, start_failure)
 from execution.worker_messages import (FromWorker, JobEvent, JobResult, OutputFile, OutputFiles, RunJob, StopWorker,
                                        ToWorker)
 
@@ -89,125 +94,84 @@ def _scratch_args(args: argparse.Namespace, scratch: Path) -> argparse.Namespace
     return changed
 
 
-def _devices() -> list[str]:
-    """The accelerators this actor was given (torch's names when it is loaded, else Ray's ids)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [f"gpu:{i}" for i in ray.get_gpu_ids()] or ["cpu"]
-
-
-def _picklable(value: Any) -> Any:
-    """`value` when it pickles, else what the websocket would show of it (a node's UI output may hold
-    anything; one that does not pickle must not end the worker's message stream)."""
-    try:
-        pickle.dumps(value)
-        return value
-    except Exception:
-        return json.loads(json.dumps(value, default=repr))
-
-
-class _ActorConnection:
-    """The pipe `WorkerHost` expects, over two queues; ships the job's files back as bytes."""
-
-    def __init__(self, paths: Any) -> None:
-        self.paths = paths
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
-        self.token: str | None = None
-
-    def recv(self) -> ToWorker:
-        """The next message from the front door (it arrives pickled; see WorkerActor.deliver)."""
-        message = pickle.loads(self.inbox.get())
-        if isinstance(message, RunJob):
-            self.token = message.request.staging_token
-        return message
-
-    def send(self, message: FromWorker) -> None:
-        if isinstance(message, JobEvent) and message.event == "executed":
-            files = self._take_reported(message.data.get("output") or {})
-            if files:
-                self.outbox.put(OutputFiles(files))
-            message = JobEvent("executed", _picklable(message.data))
-        elif isinstance(message, JobResult):
-            outcome = message.outcome
-            files = [item for item in (self._take(Path(final), Path(staged)) for staged, final in outcome.staged)
-                     if item is not None]
-            outcome.staged = []
-            outcome.outputs = _picklable(outcome.outputs)
-            if files:
-                self.outbox.put(OutputFiles(files))
-        self.outbox.put(message)
-
-    def close(self) -> None:
-        self.outbox.put(_STREAM_END)
-
-    def _take(self, final: Path, staged: Path) -> OutputFile | None:
-        """One written file (folder kind, name relative to it, bytes), which leaves this machine."""
-        source = staged if staged.is_file() else final
-        if not source.is_file():
-            return None
-        for kind in ("output", "temp"):
-            try:
-                relative = final.relative_to(self.paths.folder(kind)).as_posix()
-            except ValueError:
-                continue
-            data = source.read_bytes()
-            source.unlink(missing_ok=True)
-            return OutputFile(kind, relative, data)
-        return None
-
-    def _take_reported(self, ui: dict) -> list[OutputFile]:
-        files = []
-        for item in _file_items(ui):
-            final = self.paths.folder(item["type"]) / item.get("subfolder", "") / item["filename"]
-            staged = final.with_name(f"{STAGING_PREFIX}{self.token}-{final.name}") if self.token else final
-            taken = self._take(final, staged)
-            if taken is not None:
-                files.append(taken)
-        return files
+CHILD_STOP_S = 10.0  # how long the actor waits for its child to end after the pipe closed
 
 
 @ray.remote(concurrency_groups={"stream": 1}, max_concurrency=1, max_restarts=0)
 class WorkerActor:
-    """One job worker inside a Ray actor: its own runtime, served by the local worker's host.
+    """One job worker inside a Ray actor: a child process runs the local worker's host on its own runtime
+    (`cluster/actor_host.py`); the actor relays the child's messages and writes a job's input files.
 
     Its message stream runs in a concurrency group of its own; every other call runs one at a time,
-    in the order the front door sent it."""
+    in the order the front door sent it. The relay is a thread of the actor's process, so a node that
+    holds the child's Python lock never holds it back."""
 
     def __init__(self, recipe: RuntimeRecipe, name: str, scratch_root: str | None, threads: int | None) -> None:
         if threads:
-            os.environ["OMP_NUM_THREADS"] = str(threads)
+            os.environ["OMP_NUM_THREADS"] = str(threads)  # the child inherits it
         self.scratch = Path(tempfile.mkdtemp(prefix=f"weft-{name}-", dir=scratch_root))
-        try:
-            runtime = RuntimeRecipe(recipe.factory, _scratch_args(recipe.args, self.scratch)).build()
-        except Exception as exc:  # said on the message stream, as a local worker says it on its pipe
-            logger.exception("the job worker could not build its runtime")
-            self.paths, self.connection = None, _ActorConnection(None)
-            self.connection.send(start_failure(exc))
-            self.connection.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            return
-        torch = sys.modules.get("torch")
-        if threads and torch is not None:
-            torch.set_num_threads(threads)
-        self.paths = runtime.paths
-        self.connection = _ActorConnection(runtime.paths)
-        info = {"node": ray.util.get_node_ip_address(), "devices": _devices()}
-        self.host = WorkerHost(self.connection, runtime, info=info)
-        threading.Thread(target=self._serve, name="weft-actor-host", daemon=True).start()
+        self.recipe = RuntimeRecipe(recipe.factory, _scratch_args(recipe.args, self.scratch))
+        self.threads = threads
+        self.paths = None  # the child's folders, once its runtime is built
+        self.pipe = None
+        self.child = None
+        self.child_exit: int | None = None
+        self.outbox: queue.Queue = queue.Queue()
+        started = threading.Event()
+        # The child is started by the relay thread, which lives as long as the child: its parent-death
+        # signal fires when the thread that started it ends, so it must be this long-lived one.
+        threading.Thread(target=self._relay, args=(started,), name="weft-actor-relay", daemon=True).start()
+        started.wait()  # the runtime is built (or failed, or the child died) before the actor takes calls
 
-    def _serve(self) -> None:
+    def _relay(self, started: threading.Event) -> None:
+        """Start the child, then forward what it sends, as the pickled bytes it wrote, until it ends. The
+        recipe goes to the child as Ray pickled it to the actor (by value where its factory was defined
+        in the server's main script, which the child cannot import), so it is pickled here the same way."""
+        import multiprocessing
+
+        from ray import cloudpickle
+
+        from cluster.actor_host import RuntimeFolders, serve_actor_child
+
         try:
-            self.host.serve()
+            context = multiprocessing.get_context("spawn")
+            parent, child_end = context.Pipe(duplex=True)
+            self.child = context.Process(
+                target=serve_actor_child, name="weft-ray-worker",
+                args=(child_end, cloudpickle.dumps(self.recipe), self.threads, ray.util.get_node_ip_address(),
+                      list(ray.get_gpu_ids()), os.getpid()))
+            self.child.start()
+            child_end.close()
+            self.pipe = parent
+            first = parent.recv()  # RuntimeFolders, or the WorkerFailure saying why it could not start
+            if isinstance(first, RuntimeFolders):
+                self.paths = first.paths
+            else:
+                self.outbox.put(pickle.dumps(first, protocol=pickle.HIGHEST_PROTOCOL))
+            started.set()
+            while True:
+                self.outbox.put(parent.recv_bytes())
+        except (EOFError, OSError):  # the child ended
+            pass
+        except Exception as exc:  # the child could not be started
+            logger.exception("the job worker's process could not be started")
+            self.outbox.put(pickle.dumps(start_failure(exc), protocol=pickle.HIGHEST_PROTOCOL))
         finally:
-            self.connection.close()
+            started.set()
+            if self.child is not None:
+                self.child.join(CHILD_STOP_S)
+                if self.child.is_alive():
+                    self.child.kill()
+                    self.child.join()
+                self.child_exit = self.child.exitcode
             shutil.rmtree(self.scratch, ignore_errors=True)
+            self.outbox.put(_STREAM_END)
 
     @ray.method(concurrency_group="stream")
     def messages(self):
-        """The worker's messages, in order, in batches, until it stops (a streaming generator)."""
-        outbox = self.connection.outbox
+        """The worker's messages (each as the child pickled it), in order, in batches, until it stops (a
+        streaming generator); a child that died raises here, which the front door reads as WorkerDied."""
+        outbox = self.outbox
         while True:
             batch = [outbox.get()]
             while True:
@@ -221,18 +185,23 @@ class WorkerActor:
             if batch:
                 yield batch
             if ended:
+                if self.child_exit:
+                    raise RuntimeError(f"the worker process ended with exit code {self.child_exit}")
                 return
 
     def deliver(self, message: bytes, media: list | None = None) -> None:
-        """One pickled message from the front door (decoded by the host's reader, which reports a job it
-        cannot decode); a job's input files arrive with its RunJob."""
-        if self.paths is None:  # the runtime was never built: nothing reads the inbox
+        """One pickled message from the front door, passed to the child as it is (the child's host
+        decodes it and reports a job it cannot decode); a job's input files arrive with its RunJob."""
+        if self.paths is None:  # the runtime was never built: nothing reads the pipe
             return
         for kind, relative, data in media or ():
             target = confine(self.paths.folder(kind), relative)
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(target, data)
-        self.connection.inbox.put(message)
+        try:
+            self.pipe.send_bytes(message)
+        except (OSError, ValueError):  # the child ended; the message stream says so
+            pass
 
     def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The (folder, name) model files this machine's folders lack (all, when its runtime never started)."""
@@ -247,28 +216,17 @@ class WorkerActor:
         return missing
 
     def pid(self) -> int:
-        """The actor's process id (tests kill it)."""
+        """The actor's process id (tests kill it; its child dies with it)."""
         return os.getpid()
 
 
 # ---------------------------------------------------------------------- the front door's side
-def _file_items(ui: dict):
-    """The file entries ({filename, subfolder, type}) of a node's UI output."""
-    for value in ui.values():
-        if isinstance(value, list):
-            for item in value:
-                if isinstance(item, dict) and isinstance(item.get("filename"), str) \
-                        and item.get("type", "output") in ("output", "temp"):
-                    item.setdefault("type", "output")
-                    yield item
-
-
 def rename_outputs(outputs: dict, renamed: dict[tuple[str, str], str]) -> None:
     """Point the file entries of `outputs` (node -> UI output) at the names the front door gave."""
     for ui in outputs.values():
         if not isinstance(ui, dict):
             continue
-        for item in _file_items(ui):
+        for item in file_items(ui):
             relative = PurePosixPath(item.get("subfolder") or "", item["filename"]).as_posix()
             new = renamed.get((item["type"], relative))
             if new is not None:
@@ -311,8 +269,8 @@ class RayTransport(Transport):
     def _read(self, stream: Any) -> None:
         try:
             for reference in stream:
-                for message in ray.get(reference):
-                    self.messages.put(message)
+                for encoded in ray.get(reference):
+                    self.messages.put(pickle.loads(encoded))  # written by Weft's own worker process
             self.messages.put(_Ended("its actor stopped"))
         except Exception as exc:  # the actor died (killed, its machine gone) or never started
             self.messages.put(_Ended(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"))

@@ -8,9 +8,9 @@ then recorded interrupted), a kill while a fresh worker boots (no attempt of the
 started), and a job that cannot be handed to the worker (an error record, at once)."""
 from __future__ import annotations
 
-import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -33,18 +33,20 @@ NESTING = 900  # deep enough that pickling the prompt for the worker raises Recu
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local Ray on loopback only, with 2 CPUs and a 100 MB object store; shut down after the module."""
+    """A local Ray on loopback only (the pool's own start: see cluster.ray_pool.start_ray), with 2 CPUs
+    and a 100 MB object store; shut down after the module."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         yield ray
         return
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": path}}, logging_level=logging.WARNING)
+    from cluster.ray_pool import start_ray
+
+    shutdown = start_ray(None, num_cpus=2, object_store_bytes=100 * 2**20)
     try:
+        assert ray.util.get_node_ip_address() == "127.0.0.1"  # not turned back into the machine's address
         yield ray
     finally:
-        ray.shutdown()
+        shutdown()
 
 
 class Harness:
@@ -144,6 +146,39 @@ def test_a_job_streams_its_events_in_order_and_stages_its_file(harness):
     [file_item] = outcome.outputs["1"]["files"]
     assert Path(final).name == file_item["filename"]
     assert worker.describe()["kind"] == harness.kind and worker.describe()["ready"] is True
+
+
+def test_events_and_files_sent_before_a_node_holds_the_python_lock_arrive_while_it_holds_it(harness):
+    """Issue 32 (10): node 1 writes a file; node 2 reports progress, then holds Python's lock in one C
+    call for about 6 s and writes a marker after it. Node 1's `executed` event and file, and node 2's
+    progress, reach the server before the marker exists (on Ray the relay runs outside the node's process)."""
+    worker = harness.worker()
+    marker = harness.base / "released"
+    prompt = {**write_prompt(3, steps=1),
+              "2": {"class_type": "ContractHoldLock", "inputs": {"after": ["1", 0], "seconds": 6.0,
+                                                                   "marker": str(marker)}}}
+    outcome: list = []
+    running = threading.Thread(target=lambda: outcome.append(worker.run(
+        JobRequest("held", prompt, staging_token=staging_token("held")), JobControl())), daemon=True)
+    running.start()
+
+    def arrived(event: str, node: str) -> dict | None:
+        for name, data in list(harness.events):
+            if name == event and data.get("prompt_id") == "held" and data.get("node") == node:
+                return data
+        return None
+
+    wait_for(lambda: arrived("progress", "2") is not None or marker.exists())
+    assert not marker.exists(), "node 2's progress arrived only after it let go of the lock"
+    executed = arrived("executed", "1")
+    assert executed is not None
+    [item] = executed["output"]["files"]
+    folder = Path(harness.front.paths.output) / item["subfolder"]
+    assert [p.name for p in folder.iterdir() if p.name.endswith(item["filename"])]  # staged, not yet final
+    assert not marker.exists()
+    running.join(120)
+    assert outcome and outcome[0].status == "success", outcome
+    assert marker.read_text().startswith("held ")
 
 
 # ---------------------------------------------------------------------- interrupt

@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+from execution.context import current
 from nodes.spec import Input, NodeSpec, Output
 from tests.cluster.cluster_nodes import ClusterRuntime
 
@@ -31,6 +32,20 @@ def _die(marker: str) -> dict:
     os._exit(3)
 
 
+def _hold_python_lock(after: int, seconds: float, marker: str) -> dict:
+    """Report a progress step, then hold Python's lock for about `seconds` in one C call that never lets
+    it go (summing a range: no bytecode runs, so no other thread of this process gets the lock), then
+    write `marker`. Stands for a node stuck in an extension that does not release the lock."""
+    ctx = current()
+    ctx.progress(1, 2, text="before the long call")
+    started = time.perf_counter()
+    sum(range(200_000))
+    per_item = max(time.perf_counter() - started, 1e-6) / 200_000
+    sum(range(int(seconds / per_item)))
+    Path(marker).write_text(f"held {time.perf_counter() - started:.2f} s")
+    return {"ui": {"values": [after]}, "result": (after,)}
+
+
 CONTRACT_NODES = [
     NodeSpec(node_id="ContractIgnoreInterrupts", display_name="Contract Ignore Interrupts", category="testing",
              description="Sleeps without a check point.", execute=_ignore_interrupts, output_node=True,
@@ -44,6 +59,12 @@ CONTRACT_NODES = [
              description="Ends its worker's process (once, when given a marker file).", execute=_die,
              output_node=True, inputs=[Input.string("marker", "")], outputs=[Output("INT")],
              python_module="tests.execution.worker_contract_nodes"),
+    NodeSpec(node_id="ContractHoldLock", display_name="Contract Hold Lock", category="testing",
+             description="Reports progress, then holds Python's lock in one long C call.",
+             execute=_hold_python_lock, output_node=True,
+             inputs=[Input.link("after", "INT"), Input.float("seconds", 5.0, min=0.0, max=600.0),
+                     Input.string("marker", "")],
+             outputs=[Output("INT")], python_module="tests.execution.worker_contract_nodes"),
 ]
 
 
