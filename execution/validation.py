@@ -471,9 +471,13 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
                                 "class_type": prompt.nodes[nid].class_type if nid in prompt.nodes else None}
     if not good:
         first = next(iter(node_errors.values()))["errors"][0] if node_errors else None
+        # The top-level details say what is wrong (a fixed message such as "Custom validation failed for
+        # node" says nothing on its own): the first error's message and its details.
+        summary = (f"{first['message']}: {first['details']}" if first.get("details") else first["message"]) \
+            if first else ""
         raise PromptError(
-            "prompt_outputs_failed_validation", "Prompt outputs failed validation",
-            first["message"] if first else "", node_errors=node_errors)
+            "prompt_outputs_failed_validation", "Prompt outputs failed validation", summary,
+            node_errors=node_errors)
     # The declared graph rewrites (execution.rewrite) give the graph that runs; `prompt` stays as checked.
     runs = rewrite_prompt(prompt, registry, options)
     return ValidatedPrompt(runs, good, node_errors, order, reusable=reusable)

@@ -68,7 +68,13 @@ def check_input_file(node: str, kind_label: str, name: Any, *, default_kind: str
         return f"{node}: invalid {kind_label} file {name!r}: {exc}"
     if not path.is_file():
         folder = annotated_folder(name, default_kind=default_kind)
-        return f"{node}: {kind_label} file {name!r} not found (searched folder: {folder})"
+        return (f"{node}: {kind_label} file {name!r} not found (searched folder: {folder}); put the file there, "
+                f"upload it in the editor (or POST /upload/image), or choose another file")
+    from media.probe import header_problem
+
+    problem = header_problem(path, kind_label)
+    if problem is not None:
+        return f"{node}: {kind_label} file {name!r} {problem}"
     return True
 
 
