@@ -350,6 +350,25 @@ def test_templates_serve_the_workflows_folder(light_server):
     assert http("GET", light_server.url + "/templates/nothing.json")[0] == 404
 
 
+def test_template_browser_lists_the_official_templates_grouped_as_their_index_groups_them(light_server):
+    from execution import templates
+    from tests.official_templates import T2V, official_template
+
+    status, index = get_json(light_server.url + "/templates/index.json")
+    assert status == 200 and index[0]["title"] == "Weft"
+    official = {group["title"]: group for group in index[1:]}
+    assert [c.title for c in templates.official_categories()] == list(official)
+    video = {t["name"]: t for t in official["Video"]["templates"]}
+    assert video["video_minimax_h3_t2v"]["title"] == "MiniMax H3: Text to Video"
+    assert video["video_minimax_h3_t2v"]["mediaSubtype"] == "png" and official["Video"]["type"] == "video"
+    status, workflow = get_json(light_server.url + "/templates/" + T2V)
+    assert status == 200 and workflow == official_template(T2V)
+    status, headers, body = http("GET", light_server.url + "/templates/video_minimax_h3_t2v-1.png")
+    assert status == 200 and headers["Content-Type"] == "image/png" and Image.open(io.BytesIO(body)).size == (400, 300)
+    assert http("GET", light_server.url + "/templates/index.schema.json")[0] == 404  # the index files are not templates
+    assert http("GET", light_server.url + "/templates/video_minimax_h3_nothing-1.png")[0] == 404
+
+
 def test_template_browser_logo_and_locale_indexes(light_server):
     """The template browser asks for a logo index and, outside English, a translated index: both answer."""
     status, headers, body = http("GET", light_server.url + "/templates/index_logo.json")
