@@ -164,3 +164,19 @@ def test_previews_are_never_larger_than_the_picture_and_a_job_can_turn_them_off(
                            extra_data={"preview_method": "none"})
     assert not [e for e, _ in seen if e in ("preview", "progress_text")]
     assert [d["value"] for e, d in seen if e == "progress" and d["node"] == "sample"] == [1, 2]
+
+
+def test_vae_decodes_report_progress_per_tile_and_per_chunk(h3):
+    """VAE Decode's bar moves tile by tile (every tile of every temporal window), VAE Decode Audio's chunk
+    by chunk; both end full."""
+    h3.runtime.preview_method = "none"
+    # 80x48 pixels: 5x3 latent cells, tiled by 2x2-cell tiles (32 px) -> 4x2 = 8 tiles per window.
+    prompt = t2va_prompt(width=80, height=48, length=22, steps=1, seed=31, save_video=False)
+    prompt["decode"] = {"class_type": "VAEDecodeTiled", "inputs": {
+        "samples": ["sample", 0], "vae": ["vv", 0], "tile_size": 64, "overlap": 16, "temporal_size": 64,
+        "temporal_overlap": 8}}
+    seen = _run_collecting(h3, prompt)
+    tiles = [(d["value"], d["max"]) for e, d in seen if e == "progress" and d["node"] == "decode"]
+    assert len(tiles) >= 2 and tiles[-1][0] == tiles[-1][1] and [v for v, _ in tiles] == sorted(v for v, _ in tiles)
+    audio = [(d["value"], d["max"]) for e, d in seen if e == "progress" and d["node"] == "decode_audio"]
+    assert audio and audio[-1][0] == audio[-1][1]
