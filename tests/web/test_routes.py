@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 import uuid
 from pathlib import Path
 
@@ -435,6 +437,30 @@ def test_logs_panel_gets_recent_lines_and_live_ones(light_server):
 
     pushed = asyncio.run(scenario())
     assert any(f"pushed {marker}" in entry["m"] for entry in pushed["entries"]) and pushed["size"]["cols"] > 0
+
+
+def test_logs_panel_shows_each_job_its_time_its_worker_lines_and_a_node_traceback(light_server):
+    """Jobs run in a worker process; the panel (the server's log) still shows "got prompt", each run's time,
+    the worker's own log lines and a failed node's traceback."""
+    marker = uuid.uuid4().hex
+    fine = post_json(light_server.url + "/prompt", {"prompt": const_prompt(4)})[1]["prompt_id"]
+    failing = {"1": {"class_type": "TestConst", "inputs": {"value": 1}},
+               "2": {"class_type": "TestFail", "inputs": {"value": ["1", 0], "message": marker}},
+               "3": {"class_type": "TestOutput", "inputs": {"value": ["2", 0]}}}
+    failed = post_json(light_server.url + "/prompt", {"prompt": failing})[1]["prompt_id"]
+    assert wait_terminal(light_server.url, fine)["status"]["status_str"] == "success"
+    assert wait_terminal(light_server.url, failed)["status"]["status_str"] == "error"
+    deadline = time.monotonic() + 20
+    while True:
+        text = get_json(light_server.url + "/internal/logs")[1]
+        if f"prompt {failed} failed" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert f"got prompt {fine}" in text and f"got prompt {failed}" in text
+    assert re.search(rf"prompt {fine} executed in \d+\.\d\d seconds", text), text[-2000:]
+    assert f"TestFail is failing on purpose: {marker}" in text  # logged inside the worker process
+    failure = text[text.index(f"prompt {failed} failed"):]
+    assert "node 2 (TestFail)" in failure and f"RuntimeError: {marker}" in failure and "Traceback" in failure
 
 
 def test_a_log_line_through_the_logs_panel_handler_returns():
