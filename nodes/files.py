@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from execution.context import current
-from execution.paths import UnsafePathError, confine, next_output_name
+from execution.paths import PREVIEW_FILE_PREFIX, UnsafePathError, confine, next_output_name
 
 # The editor may name a file in another folder by a suffix, "clip.png [output]"; no suffix means input.
 _FOLDER_SUFFIXES = {" [input]": "input", " [output]": "output", " [temp]": "temp"}
@@ -139,4 +139,4 @@ def file_metadata(prompt: Any, extra_pnginfo: Any, *, limit: int = MAX_EMBEDDED_
 
 def temp_prefix() -> str:
     """A fresh prefix for preview files, random enough that two jobs do not share it."""
-    return "ComfyUI_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+    return PREVIEW_FILE_PREFIX + "".join(random.choice(string.ascii_lowercase) for _ in range(5))

@@ -483,3 +483,17 @@ def test_a_log_line_through_the_logs_panel_handler_returns():
         assert [e["m"] for e in buffer.snapshot()] == ["INFO weft.test.logs_panel: one line\n"]
     finally:
         logger.removeHandler(buffer)
+
+
+def test_server_start_clears_old_preview_pictures_only(tmp_path):
+    from web.server import clear_previews
+
+    (tmp_path / "sub").mkdir()
+    old = [tmp_path / "ComfyUI_temp_abcde_00001_.png", tmp_path / "sub" / "ComfyUI_temp_xyzab_00002_.png"]
+    for path in old:
+        path.write_bytes(b"png")
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    assert clear_previews(tmp_path) == 2
+    assert not any(p.exists() for p in old) and keep.read_text() == "mine"
+    assert clear_previews(tmp_path / "absent") == 0
