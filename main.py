@@ -429,12 +429,16 @@ def _print_inputs(rows: list[dict[str, Any]], stream=sys.stdout) -> None:
 
 def format_prompt_error(error: PromptError) -> str:
     """A workflow that cannot run, for a person: one line for the workflow, one per failing input."""
-    lines = [f"error: {error.message}" + (f": {error.details}" if error.details else "")]
+    lines = []
     for node_id, entry in (error.node_errors or {}).items():
         for item in entry.get("errors") or []:
             name = (item.get("extra_info") or {}).get("input_name")
             where = f"node {node_id} ({entry.get('class_type')})" + (f", input {name!r}" if name else "")
-            lines.append(f"  {where}: {item.get('message')}" + (f": {item['details']}" if item.get("details") else ""))
+            # A node check's details already say what is wrong; its fixed message would only repeat it.
+            what = item.get("details") or item.get("message")
+            lines.append(f"error: {where}: {what}")
+    if not lines:  # a workflow-level problem: no node to name
+        lines.append(f"error: {error.message}" + (f": {error.details}" if error.details else ""))
     return "\n".join(lines)
 
 

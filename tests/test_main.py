@@ -200,3 +200,13 @@ def test_parse_set_addresses_titles_and_subgraph_widgets():
     assert prompt["9:5"]["inputs"]["v"] == 3
     with pytest.raises(PromptError, match="2 nodes are titled 'Twin'"):
         main.parse_set(["Twin.a=1"], prompt, exposed=exposed)
+
+
+def test_a_missing_input_picture_is_one_line_naming_the_file_the_folder_and_how_to_provide_it(tmp_path):
+    done = run_cli("run", "video_minimax_h3_i2v", "--base-directory", tmp_path, "--set", "duration=0.2")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert all(line.startswith("error: node ") for line in lines), lines  # one line per failing input
+    (picture,) = [line for line in lines if "transparent_rgb_gaming_mouse.png" in line]
+    assert "(LoadImage), input 'image'" in picture and f"searched folder: {tmp_path.resolve() / 'input'}" in picture
+    assert "upload it in the editor" in picture
