@@ -472,11 +472,14 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
                                 "class_type": prompt.nodes[nid].class_type if nid in prompt.nodes else None}
     if not good:
         first = next(iter(node_errors.values()))["errors"][0] if node_errors else None
-        # Clients read this top-level message as ComfyUI words it (some match on it where `type` is absent).
+        # Clients read this top-level message as ComfyUI words it (some match on it where `type` is absent);
+        # the details say what is wrong: the first error's message and its details.
+        summary = (f"{first['message']}: {first['details']}" if first.get("details") else first["message"]) \
+            if first else ""
         raise PromptError(
             "prompt_outputs_failed_validation",
             "Prompt outputs failed validation",  # provenance: interface
-            first["message"] if first else "", node_errors=node_errors)
+            summary, node_errors=node_errors)
     # The declared graph rewrites (execution.rewrite) give the graph that runs; `prompt` stays as checked.
     runs = rewrite_prompt(prompt, registry, options)
     return ValidatedPrompt(runs, good, node_errors, order, reusable=reusable)

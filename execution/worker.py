@@ -482,6 +482,7 @@ class WorkerHost:
         self.control = None
         self.prompt_id: str | None = None
         runtime.events.subscribe(self._forward)
+        _LogForwarder.install(self)
 
     def send(self, message: FromWorker) -> None:
         """Send to the server; the server being gone ends this process."""
@@ -547,6 +548,36 @@ class WorkerHost:
                 self.send(MemoryFreed())
             elif isinstance(message, StopWorker):
                 return
+
+
+class _LogForwarder(logging.Handler):
+    """Sends the worker's log lines of a running job to the server as `log` events, where they join the
+    server's log (its terminal and the editor's logs panel). Such a line is then left out of the worker's
+    own stderr, so the terminal shows it once."""
+
+    def __init__(self, host: "WorkerHost") -> None:
+        super().__init__(level=logging.INFO)
+        self.host = host
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @classmethod
+    def install(cls, host: "WorkerHost") -> None:
+        root = logging.getLogger()
+        root.handlers.insert(0, cls(host))  # first: it marks what the stream handlers after it skip
+        for handler in root.handlers[1:]:
+            handler.addFilter(lambda record: not getattr(record, "weft_forwarded", False))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        prompt_id = self.host.prompt_id
+        if prompt_id is None or record.name == "weft.worker":
+            return
+        try:
+            message = self.format(record)
+        except Exception:  # an unformattable record stays in the worker's own output
+            return
+        record.weft_forwarded = True
+        self.host.send(JobEvent("log", {"prompt_id": prompt_id, "level": record.levelno, "name": record.name,
+                                        "message": message}))
 
 
 def start_failure(exc: BaseException) -> WorkerFailure:

@@ -8,6 +8,7 @@ MAX_RESOLUTION = 16384
 BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
+    "nodes.utility",
     "nodes.media",
     "nodes.loops",
     "nodes.loaders",

@@ -269,7 +269,7 @@ def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = No
         if exc.name == "nodes":
             hint = "; Weft's `nodes` is its own package, not ComfyUI's nodes.py"
         elif exc.name in COMPAT_MODULES:
-            hint = f"; Weft's {exc.name} provides only what the README lists"
+            hint = f"; Weft's {exc.name} provides only what docs/custom-nodes.md lists"
         return f"import error: {exc}{hint}{_where(exc, plugin_root)}"
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) while importing{_where(exc, plugin_root)}"

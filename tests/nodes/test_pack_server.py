@@ -197,8 +197,12 @@ def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
 
     events = []
     services = run_context.Services(preview_method="latent2rgb", preview_size=64)
-    ctx = run_context.RunContext("job-2", "3", "3", Paths(tmp_path), emit=lambda e, d: events.append((e, d)),
-                                 runtime=services)
+
+    def emit(event, data):  # as the executor does: a step's preview travels inside its progress event
+        events.extend(data.pop(run_context.SHOWN_KEY, ()))
+        events.append((event, data))
+
+    ctx = run_context.RunContext("job-2", "3", "3", Paths(tmp_path), emit=emit, runtime=services)
     token = run_context.activate(ctx)
     try:
         from nodes.previews import register_vae

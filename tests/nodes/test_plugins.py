@@ -464,8 +464,12 @@ def test_progress_bar_reports_to_the_running_node_and_stops_when_interrupted(com
 
     seen = []
     interrupted = [False]
-    ctx = run_context.RunContext("job", "7", "7", compat, emit=lambda e, d: seen.append((e, d)),
-                                 is_interrupted=lambda: interrupted[0])
+
+    def emit(event, data):  # as the executor does: a step's preview travels inside its progress event
+        seen.extend(data.pop(run_context.SHOWN_KEY, ()))
+        seen.append((event, data))
+
+    ctx = run_context.RunContext("job", "7", "7", compat, emit=emit, is_interrupted=lambda: interrupted[0])
     token = run_context.activate(ctx)
     try:
         bar = comfy.utils.ProgressBar(4)
