@@ -5,9 +5,11 @@ single-file converter (as tests/models/h3/test_h3_diffusers_parity.py does). Bot
 sequence. Measured side by side in one run, on the CPU:
   - per thread count (1 and 2) and size (the 4-block quarter-width config at ~1,060 tokens and at 4x
     the tokens): Weft and diffusers in float32 and in bfloat16, Weft's int8-convrot and nvfp4 models
-    (written and loaded by Weft's own quantized writer and loader), and a bare large matrix product
-    per dtype (the machine's matmul limit at that thread count);
-  - every variant once per round, the order rotated each round, several rounds; min and median;
+    (written and loaded by Weft's own quantized writer and loader), and a bare 2048^3 matrix product
+    per dtype (the machine's matmul limit at that thread count: in float32 the faster of torch's `@`
+    and oneDNN's product, which on some CPUs differ by 2x);
+  - every variant once per round, the order rotated each round, several rounds; min and median, of
+    this process's CPU time (steady on a shared machine) and of wall time;
   - a "step" is the transformer forward plus the sampler's Euler update of both latents;
   - useful FLOP/s = the step's matrix-product and attention FLOPs (counted once, by torch's
     FlopCounterMode on diffusers' forward) / time, as a fraction of the bare product's FLOP/s;
@@ -217,7 +219,7 @@ def measure(runs: dict, rounds: int) -> tuple[dict[str, list[float]], dict[str, 
 # profile
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::_int_mm",
-              "aten::baddbmm", "mkldnn", "aten::_weight_int8pack_mm", "onednn")
+              "aten::baddbmm", "mkldnn", "aten::_weight_int8pack_mm", "weft::onednn_linear")
 ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "aten::_efficient_attention")
 COPY_OPS = ("aten::copy_", "aten::to", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat",
             "aten::empty", "aten::empty_like", "aten::stack", "aten::index", "aten::slice", "aten::view",
