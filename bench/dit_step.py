@@ -303,6 +303,7 @@ def main() -> None:
     parser.add_argument("--threads", default=None, help="comma-separated torch thread counts (default 1,2)")
     parser.add_argument("--sizes", default=None, help="comma-separated sizes of small,large (default both)")
     parser.add_argument("--no-quantized", action="store_true", help="skip the int8 and nvfp4 models")
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-op profile")
     args = parser.parse_args()
     if importlib.util.find_spec("diffusers") is None:
         raise SystemExit("bench/dit_step.py needs diffusers (the test extra: requirements-test.txt)")
@@ -381,7 +382,7 @@ def main() -> None:
                       "matmul_limit_flops_per_s": limit, "rows": rows}
             results.append(result)
             print_table(result)
-            if threads == threads_list[0] and size == sizes[0]:
+            if threads == threads_list[0] and size == sizes[0] and not args.no_profile:
                 for name in ("fp32", "bf16"):
                     profiles[name] = profile_step(runs[f"weft {name}"])
                     print_profile(name, profiles[name])
