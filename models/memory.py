@@ -126,8 +126,14 @@ def _kept_as_stored(module: nn.Module) -> bool:
 
 def _module_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The module's own parameters and buffers (not its children's), the ones its op needs."""
-    named = [(name, p) for name, p in module.named_parameters(recurse=False)]
-    named += [(name, b) for name, b in module.named_buffers(recurse=False) if b is not None]
+    # Read from the module's own tables rather than named_parameters(), whose generator and
+    # duplicate check cost more than the rest of a resident take; a tensor registered under two
+    # names is still listed once.
+    named = [(name, t) for table in (module._parameters, module._buffers) for name, t in table.items()
+             if t is not None]
+    if len(named) > 1 and len({id(t) for _name, t in named}) < len(named):
+        seen: set[int] = set()
+        named = [(name, t) for name, t in named if not (id(t) in seen or seen.add(id(t)))]
     return named
 
 
