@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from models import parallel
 from models.cache import file_identity
 
 PROMPT_CACHE_SIZE = 64  # prompt encodings a text encoder remembers, least recently used dropped first
@@ -194,6 +195,7 @@ class TextEncoder:
         hidden, extras = remembered
         return [[hidden, dict(extras)]]
 
+    @parallel.on_root_in_group  # a rank group encodes prompts on rank 0
     def _run(self, text: str, embeddings: dict[str, torch.Tensor], references: tuple) -> tuple[torch.Tensor, dict]:
         """(hidden (1, L, D) float32, extras) of one prompt, computed by the model."""
         if not self.reads_pictures:

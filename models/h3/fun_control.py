@@ -162,7 +162,10 @@ class FunControlNet(nn.Module):
                 rows = hint_rows.new_zeros(seg.stop - seg.start, hint_rows.shape[1])
             else:
                 continue
-            control[seg.start:seg.stop] = self.control_proj_in(rows.to(stream.device, dtype)).to(stream.dtype)
+            if (where := context.rows_here(seg.start, seg.stop)) is None:
+                continue  # sequence parallel: another rank holds these rows
+            here, within = where
+            control[here] = self.control_proj_in(rows[within].to(stream.device, dtype)).to(stream.dtype)
         return self.control_blocks[0].before_proj(control) + stream
 
     def step(self, index: int, control: torch.Tensor, context: BlockContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,7 +262,8 @@ class FunControlHook:
         if layers[-1] >= context.num_layers:
             raise ValueError(f"the patch injects at layers {list(layers)}, but the model has {context.num_layers}")
         rows = hint_rows(self.hint(context.latent_size), self.net.config.input_width)
-        audio = [(seg.start, seg.stop) for seg in context.layout.segments if seg.role in AUDIO_ROLES]
+        audio = [where[0] for seg in context.layout.segments
+                 if seg.role in AUDIO_ROLES and (where := context.rows_here(seg.start, seg.stop)) is not None]
         state: dict[str, Any] = {}
 
         def after_block(index: int, block_input: torch.Tensor, block_output: torch.Tensor) -> torch.Tensor:
@@ -269,8 +273,8 @@ class FunControlHook:
             if order == 0:
                 state["control"] = self.net.open_stream(block_input, rows, context)
             state["control"], skip = self.net.step(order, state["control"], context)
-            for start, stop in audio:
-                skip[start:stop] = 0
+            for rows_here in audio:
+                skip[rows_here] = 0
             return torch.add(block_output, skip.to(block_output.dtype), alpha=self.strength)
 
         return after_block
