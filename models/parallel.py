@@ -209,6 +209,16 @@ class SequenceSplit:
         return recv.permute(1, 0, 2, 3).reshape(self.per_rank, n * heads_here * dim)
 
 
+def join_group(*, rank: int, size: int, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Communicator:
+    """Make this process rank `rank` of the group meeting at `address`, on its own GPU when there are GPUs
+    (rank r on GPU r modulo the GPUs it sees: a Ray actor sees only its own), and configure models with it."""
+    if size > 1 and torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    comm = Communicator.start(rank=rank, size=size, address=address, timeout_s=timeout_s)
+    configure(comm)
+    return comm
+
+
 # The configured runtime: the communicator of this process's rank group, if it belongs to one.
 _communicator: Communicator | None = None
 # The split of the sequence whose transformer blocks are running (None: attention sees every row).
