@@ -425,9 +425,6 @@ def worker_pool_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         from cluster.rank_group import local_group_pool
 
         return local_group_pool(ranks, timeout_s=args.rank_timeout)
-    if ranks > 1:
-        parser.error("--ranks-per-worker with --workers / --ray-address (rank groups as Ray actors) is not built yet; "
-                     "without Ray, --ranks-per-worker N runs one worker as N local processes")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: at least one worker is needed")
     if args.worker_threads is not None and args.worker_threads < 1:

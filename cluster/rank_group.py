@@ -82,10 +82,13 @@ class RankGroupTransport(Transport):
     """N rank transports behind one: rank 0's messages are the group's (see the module docstring)."""
 
     def __init__(self, recipe: RuntimeRecipe, size: int, *, timeout_s: float = DEFAULT_RANK_TIMEOUT_S,
-                 make_rank: Callable[[RuntimeRecipe], Transport] = LocalProcessTransport) -> None:
+                 make_rank: Callable[[RuntimeRecipe], Transport] = LocalProcessTransport,
+                 private_folders: bool = True) -> None:
         if size < 2:
             raise ValueError(f"a rank group needs at least 2 ranks, got {size}")
         self.recipe, self.size, self.timeout_s, self.make_rank = recipe, size, float(timeout_s), make_rank
+        # Ranks other than 0 write into scratch folders of their own (a Ray actor has its own already).
+        self.private_folders = private_folders
         self.ranks: list[Transport] = []
         self._scratch: Path | None = None
         self._ready: set[int] = set()
@@ -96,16 +99,24 @@ class RankGroupTransport(Transport):
         self._result_since = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
+    def rendezvous(self) -> str:
+        """Where the group's ranks meet (this machine's loopback: local ranks)."""
+        return free_local_address()
+
+    def rank_transport(self, rank: int, recipe: RuntimeRecipe) -> Transport:
+        """The transport of one rank (a local worker process here)."""
+        return self.make_rank(recipe)
+
     def start(self) -> None:
         """Start every rank (a fresh rendezvous address each time, so a restarted group never meets an old one)."""
-        address = free_local_address()
-        self._scratch = Path(tempfile.mkdtemp(prefix="weft-ranks-"))
+        address = self.rendezvous()
+        self._scratch = Path(tempfile.mkdtemp(prefix="weft-ranks-")) if self.private_folders else None
         self.ranks = []
         for rank in range(self.size):
             spec = RankSpec(rank, self.size, address, self.timeout_s)
-            scratch = self._scratch / f"rank{rank}" if rank else None
+            scratch = self._scratch / f"rank{rank}" if rank and self._scratch is not None else None
             recipe = RuntimeRecipe(self.recipe.factory, rank_args(self.recipe.args, spec, scratch))
-            self.ranks.append(self.make_rank(recipe))
+            self.ranks.append(self.rank_transport(rank, recipe))
         for transport in self.ranks:
             transport.start()
         self._ready, self._root_ready, self._held = set(), None, deque()
