@@ -96,14 +96,19 @@ def attempts(server, prompt_id: str) -> int:
 
 
 def test_the_t2v_template_runs_on_the_group_with_a_single_workers_events_and_outputs(single, grouped):
-    records = {}
+    records, ids = {}, {}
     for name, server in (("single", single), ("group", grouped)):
         prompt = t2v_prompt(server)
-        records[name] = (server, wait_terminal(server.url, submit(server, prompt), JOB_TIMEOUT_S), prompt)
+        ids[name] = submit(server, prompt)
+        records[name] = (server, wait_terminal(server.url, ids[name], JOB_TIMEOUT_S), prompt)
     (_, one, prompt), (_, group, _) = records["single"], records["group"]
     assert one["status"]["status_str"] == "success", one["status"]
     assert group["status"]["status_str"] == "success", group["status"]
     assert event_names(group) == event_names(one)
+    # The profile names the group and its ranks.
+    status, detail = get_json(f"{grouped.url}/jobs/{ids['group']}")
+    assert detail["worker"] == "group-0", detail
+    assert [r["rank"] for r in detail["profile"]["ranks"]] == [0, 1], detail["profile"].keys()
     assert sorted(group["outputs"]) == sorted(one["outputs"])
     (save,) = nodes_of(prompt, "SaveVideo")
     frames_one, frames_group = frames_of(single, one, save), frames_of(grouped, group, save)
