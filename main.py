@@ -111,6 +111,11 @@ class Runtime:
 
         self.args = args
         self.paths = paths_from_args(args, create=runs_jobs)
+        group = getattr(args, "rank_group", None)  # a cluster.rank_group.RankSpec when this runtime is one rank
+        if runs_jobs and group is not None:
+            from models import parallel  # before the memory manager: it takes the rank's device
+
+            parallel.join_group(rank=group.rank, size=group.size, address=group.address, timeout_s=group.timeout_s)
         if runs_jobs:
             from media import limits as media_limits
             from models import memory
@@ -633,8 +638,17 @@ def command_serve(argv: list[str]) -> int:
 
 def worker_pool_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The Ray worker pool --workers / --ray-address ask for, or None (then Ray is never imported)."""
+    ranks = getattr(args, "ranks_per_worker", 1)
+    if ranks < 1:
+        parser.error(f"--ranks-per-worker {ranks}: a worker needs at least one rank")
     if args.workers is None and not args.ray_address:
-        return None
+        if ranks == 1:
+            return None
+        if args.in_process_jobs:
+            parser.error("--ranks-per-worker runs a job on several processes; it cannot be used with --in-process-jobs")
+        from cluster.rank_group import local_group_pool
+
+        return local_group_pool(ranks, timeout_s=args.rank_timeout)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: at least one worker is needed")
     if args.worker_threads is not None and args.worker_threads < 1:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import memory
+from models import memory, parallel
 from models.h3 import tiling
 from models import ops
 from models.h3.layers import attention, compute_device
@@ -307,6 +307,7 @@ class AudioVAE(nn.Module):
         """Waveform sample rate in Hz (32000)."""
         return self.config.sample_rate
 
+    @parallel.on_root_in_group  # a rank group decodes and encodes sound on rank 0
     def encode(self, waveform: torch.Tensor) -> torch.Tensor:
         """(B, 2, S) or (2, S) at 32 kHz in [-1, 1] -> (B, 32, 2, ceil(S / 800)); S is zero-padded to whole hops."""
         w = waveform if waveform.dim() == 3 else waveform.unsqueeze(0)
@@ -326,6 +327,7 @@ class AudioVAE(nn.Module):
             z = (z - stats["latents_mean"].view(1, -1, 1)) / stats["latents_std"].view(1, -1, 1)
             return z.reshape(b, lanes, z.shape[1], z.shape[2]).permute(0, 2, 1, 3)
 
+    @parallel.on_root_in_group  # a rank group decodes and encodes sound on rank 0
     def decode(self, latents: torch.Tensor, *, chunk_frames: int | None = None, overlap_frames: int = 8,
                progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """(B, 32, 2, T) -> (B, 2, T * 800) float32 waveform at 32 kHz in [-1, 1], on the CPU.

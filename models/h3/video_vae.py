@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.prologues import Prologue
-from models import memory, ops
+from models import memory, ops, parallel
 from models.h3 import tiling
 from models.h3.latents import pixel_frames
 from models.h3.layers import FrameGroupNorm, attention, compute_device, rms_norm, rope_split_half
@@ -477,8 +477,14 @@ class VideoVAE(nn.Module):
             canvas = torch.zeros(b, pixel_frames(t), h * ratio, w * ratio, 3, dtype=torch.float32)
             writer = _CanvasWriter(canvas, plan_h.scaled(ratio), plan_w.scaled(ratio), stats["pixel_mean"],
                                    stats["pixel_std"])
-            for window in self._windows(z):
-                self._decode_window(window, plan_h, plan_w, writer, state)
+            comm = parallel.communicator()
+            for number, window in enumerate(self._windows(z)):
+                # In a rank group each rank decodes every N-th window; the blend is a sum into the canvas,
+                # so adding the ranks' canvases gives the one device's canvas.
+                if comm is None or number % comm.size == comm.rank:
+                    self._decode_window(window, plan_h, plan_w, writer, state)
+            if comm is not None:
+                comm.all_reduce_sum(canvas)
             return writer.finish()
 
     def _temporal_plan(self, z_len: int) -> tuple[int, int, int, int, int, int]:
