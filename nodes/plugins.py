@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.abc
 import importlib.util
 import keyword
 import logging
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import quote
 
+from execution import isolation
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
 from nodes.plugin_imports import missing_modules
@@ -149,9 +151,50 @@ def discover(directory: str | Path) -> list[tuple[str, Path]]:
     return sorted(found, key=lambda item: item[0].lower())
 
 
+# ---------------------------------------------------------------------- one file, one module
+class _AliasLoader(importlib.abc.Loader):
+    """Loads `<alias>.<sub>` as the module `custom_nodes.<name>.<sub>` itself (importing it if needed)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._own_spec = None
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.target)
+        self._own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module) -> None:
+        # The import system stamped the alias's spec on the module; the module keeps its own.
+        module.__spec__ = self._own_spec
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """A pack's submodules reached by its folder name are the ones reached relatively: one file, one
+    module object, as with an installed package (the pack's top module is registered under both names
+    by `_import`)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        top, dot, rest = fullname.partition(".")
+        if not dot or top not in _ALIASES:
+            return None
+        canonical = f"{_ALIASES[top]}.{rest}"
+        try:
+            found = importlib.util.find_spec(canonical)  # its parent is imported already: runs no pack code
+        except (ImportError, ValueError):
+            found = None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(canonical)) if found else None
+
+
+_ALIAS_FINDER = _AliasFinder()
+
+
 # ---------------------------------------------------------------------- the compatibility layer
 def enable_compat() -> None:
     """Put `nodes/compat/` first on sys.path, once: plugins import ComfyUI helper modules at run time too."""
+    isolation.protect()  # Weft's own names resolve to Weft whatever packs do to sys.path
+    if _ALIAS_FINDER not in sys.meta_path:
+        sys.meta_path.insert(1, _ALIAS_FINDER)
     compat = str(COMPAT_DIR)
     if compat not in sys.path:
         sys.path.insert(0, compat)
@@ -276,7 +319,7 @@ def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = No
     return f"{type(exc).__name__} while importing: {exc}{_where(exc, plugin_root)}"
 
 
-def _import(path: Path, module_name: str, alias: str = "") -> types.ModuleType:
+def _import(path: Path, module_name: str, alias: str = "", warnings: list[str] | None = None) -> types.ModuleType:
     if path.is_dir():
         init = path / "__init__.py"
         if not init.is_file():
@@ -293,11 +336,16 @@ def _import(path: Path, module_name: str, alias: str = "") -> types.ModuleType:
         # Before the pack's code runs: its __init__ may import its own submodules by name.
         _ALIASES[alias] = module_name
         sys.modules[alias] = module
+    guard = isolation.ModuleGuard()
     try:
-        spec.loader.exec_module(module)
+        with guard:
+            spec.loader.exec_module(module)
     except BaseException:
         _forget_module(module_name)
         raise
+    finally:
+        if guard.restored and warnings is not None:
+            warnings.append(f"it changed how Weft's own modules resolve; put back: {', '.join(guard.restored)}")
     return module
 
 
@@ -383,7 +431,7 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
     server_mark = pack_server.installed().mark()  # the routes and prompt handlers it adds go if it fails
     try:
         try:
-            module = _import(path, module_name, report.alias)
+            module = _import(path, module_name, report.alias, report.warnings)
         except PluginError:
             raise
         except (Exception, SystemExit) as exc:
