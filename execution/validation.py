@@ -188,7 +188,7 @@ class _NodeChecker:
         takes = spec.validate_takes if spec.validate_inputs is not None else ()
         before = len(self.errors.get(node.id, ()))
         for name, inp in flat.items():
-            if inp.kind == "hidden":
+            if inp.executor_supplied:
                 continue
             value = node.inputs.get(name)
             if name not in node.inputs or value is None:

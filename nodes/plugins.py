@@ -63,8 +63,8 @@ ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
-                  "comfy.supported_models", "node_helpers", "server", "protocol", "latent_preview", "comfy_api",
-                  "comfy_execution.graph_utils")
+                  "comfy.supported_models", "comfy.comfy_types", "node_helpers", "server", "protocol",
+                  "latent_preview", "comfy_api", "comfy_execution.graph_utils", "comfy_execution.graph")
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
 WEFT_ROOT = Path(__file__).resolve().parents[1]
@@ -349,7 +349,9 @@ def _import(path: Path, module_name: str, alias: str = "", warnings: list[str] |
     return module
 
 
-def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path) -> list[NodeSpec]:
+def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path,
+                   refused: list[tuple[str, str]]) -> list[NodeSpec]:
+    """The pack's node specs; a node that cannot be declared goes to `refused` (its id and reason) instead."""
     specs: list[NodeSpec] = []
     mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
     entry = getattr(module, ENTRY_FUNCTION, None)
@@ -358,7 +360,7 @@ def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path
         if display is not None and not isinstance(display, dict):
             raise PluginError(f"NODE_DISPLAY_NAME_MAPPINGS must be a dict, got {type(display).__name__}")
         try:
-            specs.extend(specs_from_mappings(mappings, display, python_module=module_name))
+            specs.extend(specs_from_mappings(mappings, display, python_module=module_name, refused=refused))
         except NodeDefinitionError as exc:
             raise PluginError(f"node refused: {exc}") from exc
         except Exception as exc:  # a class whose attributes break the adapter in some other way
@@ -400,8 +402,14 @@ def _web_directory(module: types.ModuleType, path: Path, report: PluginReport) -
     if not isinstance(declared, str) or not declared.strip():
         raise PluginError(f"WEB_DIRECTORY must be a non-empty string, got {declared!r}")
     plugin_dir = path if path.is_dir() else path.parent
+    relative = declared
+    if Path(declared).is_absolute():  # `os.path.join(os.path.dirname(__file__), "web")`: fine when inside
+        try:
+            relative = Path(declared).resolve().relative_to(plugin_dir.resolve()).as_posix()
+        except (ValueError, OSError):
+            raise PluginError(f"WEB_DIRECTORY {declared!r} is outside the plugin's folder") from None
     try:
-        web = confine(plugin_dir, declared.replace("\\", "/").removeprefix("./"))
+        web = confine(plugin_dir, relative.replace("\\", "/").removeprefix("./") or ".")
     except UnsafePathError as exc:
         raise PluginError(f"WEB_DIRECTORY {declared!r} is outside the plugin's folder: {exc}") from exc
     if not web.is_dir():
@@ -429,6 +437,7 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
     from nodes import pack_server
 
     server_mark = pack_server.installed().mark()  # the routes and prompt handlers it adds go if it fails
+    refused: list[tuple[str, str]] = []
     try:
         try:
             module = _import(path, module_name, report.alias, report.warnings)
@@ -445,7 +454,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         if isinstance(mappings, dict):
             report.declared_ids = tuple(str(key) for key in mappings)
         web = _web_directory(module, path, report)
-        specs = _collect_specs(module, module_name, plugin_root)
+        specs = _collect_specs(module, module_name, plugin_root, refused)
+        if refused and not specs and web is None:
+            raise PluginError(f"node refused: {'; '.join(reason for _, reason in refused)}")
         if not specs and web is None:
             hint = ""
             if hasattr(module, "NODES"):
@@ -453,12 +464,19 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
             raise PluginError(f"declares no nodes (no NODE_CLASS_MAPPINGS, {V3_ENTRY_FUNCTION}() or {ENTRY_FUNCTION}()) "
                               f"and no WEB_DIRECTORY{hint}")
         replaced = [f"node '{s.node_id}' replaces the one from {registry.origin(s.node_id)}"
-                    for s in specs if s.node_id in registry]
+                    for s in specs if s.node_id in registry and allow_override]
+        taken = [s for s in specs if s.node_id in registry and not allow_override]
+        hint = " (start with --allow-node-override to let plugins replace nodes)"
+        refused += [(s.node_id, f"node '{s.node_id}' from {module_name}: id already registered by "
+                     f"{registry.origin(s.node_id)}{hint}") for s in taken]
+        specs = [s for s in specs if s not in taken]
+        if not specs and web is None:
+            raise PluginError(f"node refused: {'; '.join(reason for _, reason in refused)}")
         try:
             registry.register_all(specs, origin=module_name, override=allow_override)
-        except NodeDefinitionError as exc:
-            taken = " (start with --allow-node-override to let plugins replace nodes)" if "already registered" in str(exc) else ""
-            raise PluginError(f"node refused: {exc}{taken}") from exc
+        except NodeDefinitionError as exc:  # an id the pack itself declares twice
+            raise PluginError(f"node refused: {exc}") from exc
+        report.warnings.extend(f"node refused: {reason}" for _, reason in refused)
         report.warnings.extend(replaced)
         report.node_ids = tuple(s.node_id for s in specs)
         report.web_directory = web
@@ -474,6 +492,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         report.alias = ""
         pack_server.installed().rollback(server_mark)
         registry.note_failed_source(name, report.reason, report.may_provide)
+    elif refused:  # a workflow naming a refused node is told why it is missing
+        refused_ids = {node_id for node_id, _ in refused}
+        registry.note_failed_source(name, "; ".join(reason for _, reason in refused), refused_ids.__contains__)
     else:
         registry.forget_failed_source(name)
     return report

@@ -102,6 +102,190 @@ PACKS["self_named"] = {
 }
 
 
+# Defect 2: what ComfyUI tolerates in a declaration, and one node that cannot be declared at all.
+PACKS["tolerant_pack"] = {
+    "__init__.py": """
+        import os
+
+        WEB_DIRECTORY = os.path.join(os.path.dirname(__file__), "web")
+
+        class TolerantSum:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"count": ("INT", {"default": 1, "description": "read by an editor extension"}),
+                                     "strength": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 1.0}),
+                                     "value": ("INT", {"default": 1})},
+                        "optional": {"value": ("INT", {"default": 2})},
+                        "hidden": {"extra": ("INT",)}}
+            RETURN_TYPES = ("INT",)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, count, strength, value, extra=None):
+                return {"ui": {"sum": [count + value + (extra or 0)], "strength": [strength]}, "result": (count,)}
+
+        class NamesNoMethod:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {}}
+            RETURN_TYPES = ()
+            FUNCTION = "missing"
+
+        NODE_CLASS_MAPPINGS = {"TolerantSum": TolerantSum, "NamesNoMethod": NamesNoMethod}
+    """,
+    "web/tolerant.js": "// an editor extension\n",
+}
+
+# Defects 3 and 4: a V3 input named like a hidden value, and link types of current ComfyUI.
+PACKS["v3_wild"] = {
+    "__init__.py": """
+        from comfy_api.latest import ComfyExtension, io
+
+        class PromptEcho(io.ComfyNode):
+            @classmethod
+            def define_schema(cls):
+                return io.Schema(node_id="PromptEcho", category="testing", is_output_node=True,
+                                 inputs=[io.String.Input("prompt")], outputs=[io.String.Output()],
+                                 hidden=[io.Hidden.prompt, io.Hidden.unique_id])
+
+            @classmethod
+            def execute(cls, prompt):
+                graph = cls.hidden.prompt
+                return io.NodeOutput(prompt, ui={"text": [prompt], "classes": [graph[cls.hidden.unique_id]["class_type"]]})
+
+        class MeshPass(io.ComfyNode):
+            @classmethod
+            def define_schema(cls):
+                return io.Schema(node_id="MeshPass", category="testing",
+                                 inputs=[io.File3DGLB.Input("glb", optional=True), io.File3DAny.Input("any", optional=True),
+                                         io.FlowControl.Input("flow", optional=True), io.Accumulation.Input("acc", optional=True),
+                                         io.LossMap.Input("loss", optional=True), io.File3DUSDZ.Input("usdz", optional=True)],
+                                 outputs=[io.File3DGLTF.Output(), io.File3DFBX.Output(), io.File3DOBJ.Output(),
+                                          io.File3DSTL.Output(), io.Load3D.Output()])
+
+            @classmethod
+            def execute(cls, **kwargs):
+                return io.NodeOutput(None, None, None, None, None)
+
+        class Extension(ComfyExtension):
+            async def get_node_list(self):
+                return [PromptEcho, MeshPass]
+
+        async def comfy_entrypoint():
+            return Extension()
+    """,
+}
+
+# Defects 6, 7, 8, 9, 15 and 17: classic nodes the way packs write them.
+PACKS["classic_wild"] = {
+    "__init__.py": """
+        import json, os
+        from comfy.comfy_types import IO, ComfyNodeABC, InputTypeDict
+        from comfy_execution.graph import ExecutionBlocker
+        import folder_paths
+
+        class NumberEcho(ComfyNodeABC):
+            @classmethod
+            def INPUT_TYPES(cls) -> InputTypeDict:
+                return {"required": {"number": (IO.NUMBER, {"forceInput": True})}}
+            RETURN_TYPES = (IO.NUMBER,)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, number):
+                return {"ui": {"number": [number], "blocker": [ExecutionBlocker.__module__]}, "result": (number,)}
+
+        class Variadic:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"input1": ("INT", {"forceInput": True})}}
+            RETURN_TYPES = ("INT",)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, **kwargs):
+                return {"ui": {"names": sorted(kwargs), "total": [sum(kwargs.values())]}, "result": (sum(kwargs.values()),)}
+
+        def _validate(value):
+            return True if value % 2 == 0 else f"value {value} is odd"
+
+        def _is_changed(value):
+            return value
+
+        class AssignedHooks:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"value": ("INT", {"default": 0})}}
+            RETURN_TYPES = ("INT",)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, value):
+                return {"ui": {"value": [value]}, "result": (value,)}
+
+        setattr(AssignedHooks, "VALIDATE_INPUTS", _validate)
+        setattr(AssignedHooks, "IS_CHANGED", _is_changed)
+
+        class LinkedFingerprint:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"source": ("INT", {"forceInput": True}), "value": ("INT", {"default": 0})}}
+            RETURN_TYPES = ("INT",)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            @classmethod
+            def IS_CHANGED(cls, source, value):
+                folder = folder_paths.get_output_directory()
+                with open(os.path.join(folder, "fingerprint.json"), "w") as out:
+                    json.dump({"source": source, "value": value}, out)
+                return value
+
+            def run(self, source, value):
+                return {"ui": {"value": [source + value]}, "result": (source + value,)}
+
+        class HiddenSettings:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"frames": ("INT", {"default": 1})},
+                        "hidden": {"crf": ("INT", {"default": 23}), "ten_bit": ("BOOLEAN", {"default": False}),
+                                   "node_id": "UNIQUE_ID"}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, frames, crf=23, ten_bit=False, node_id=None):
+                return {"ui": {"crf": [crf], "ten_bit": [ten_bit], "node_id": [node_id]}}
+
+        class FloatOrInt(str):
+            def __ne__(self, other):
+                return other not in ("FLOAT", "INT")
+
+        class TakesFloatOrInt:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"x": (FloatOrInt("FLOAT"), {"forceInput": True})}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+            CATEGORY = "testing"
+
+            def run(self, x):
+                return {"ui": {"x": [x]}}
+
+        NODE_CLASS_MAPPINGS = {"NumberEcho": NumberEcho, "Variadic": Variadic, "AssignedHooks": AssignedHooks,
+                               "LinkedFingerprint": LinkedFingerprint, "HiddenSettings": HiddenSettings,
+                               "TakesFloatOrInt": TakesFloatOrInt}
+    """,
+}
+
+
 def write_packs(custom: Path, packs: dict[str, dict[str, str]]) -> None:
     for name, files in packs.items():
         for relative, source in files.items():
@@ -155,3 +339,84 @@ def test_a_pack_file_is_one_module_by_its_folder_name_and_relatively(wild):
     assert reports(wild)["self_named"].status == "loaded", reports(wild)["self_named"].reason
     ran = outputs(run(wild, {"1": {"class_type": "SelfNamedRuns", "inputs": {}}}), "1")
     assert ran == {"runs": [1], "same": [True]}
+
+
+# ---------------------------------------------------------------------- defect 2
+def test_what_comfyui_tolerates_in_a_declaration_loads_and_one_bad_node_is_refused_alone(wild):
+    report = reports(wild)["tolerant_pack"]
+    assert report.status == "loaded", report.reason
+    assert report.node_ids == ("TolerantSum",)
+    assert report.warnings == ["node refused: node 'NamesNoMethod': FUNCTION: names no method of the class: 'missing'"]
+    status, info = get_json(wild.url + "/object_info/TolerantSum")
+    inputs = info["TolerantSum"]["input"]
+    assert inputs["required"]["count"][1]["description"] == "read by an editor extension"
+    assert inputs["required"]["strength"][1]["default"] == 5.0
+    assert inputs["hidden"]["extra"] == ["INT"]
+    status, urls = get_json(wild.url + "/extensions")
+    assert "/extensions/tolerant_pack/tolerant.js" in urls
+    ran = outputs(run(wild, {"1": {"class_type": "TestConst", "inputs": {"value": 4}},
+                             "2": {"class_type": "TolerantSum", "inputs": {"count": 1, "strength": 0.5, "value": 3,
+                                                                           "extra": ["1", 0]}}}), "2")
+    assert ran == {"sum": [8], "strength": [0.5]}
+    status, reply = post_json(wild.url + "/prompt", {"prompt": {"1": {"class_type": "NamesNoMethod", "inputs": {}}}})
+    assert status == 400 and "tolerant_pack" in json.dumps(reply)
+
+
+# ---------------------------------------------------------------------- defects 3 and 4
+def test_v3_input_named_like_a_hidden_value_and_current_link_types(wild):
+    report = reports(wild)["v3_wild"]
+    assert report.status == "loaded", report.reason
+    assert set(report.node_ids) == {"PromptEcho", "MeshPass"}
+    ran = outputs(run(wild, {"5": {"class_type": "PromptEcho", "inputs": {"prompt": "a red fox"}}}), "5")
+    assert ran == {"text": ["a red fox"], "classes": ["PromptEcho"]}
+    status, info = get_json(wild.url + "/object_info/MeshPass")
+    assert info["MeshPass"]["output"] == ["FILE_3D_GLTF", "FILE_3D_FBX", "FILE_3D_OBJ", "FILE_3D_STL", "LOAD_3D"]
+    assert info["MeshPass"]["input"]["optional"]["flow"][0] == "FLOW_CONTROL"
+
+
+# ---------------------------------------------------------------------- defects 6 and 17
+def test_comfy_types_io_and_a_type_string_with_its_own_comparison(wild):
+    assert reports(wild)["classic_wild"].status == "loaded", reports(wild)["classic_wild"].reason
+    ran = run(wild, {"1": {"class_type": "TestConst", "inputs": {"value": 7}},
+                     "2": {"class_type": "NumberEcho", "inputs": {"number": ["1", 0]}},
+                     "3": {"class_type": "TakesFloatOrInt", "inputs": {"x": ["1", 0]}}})
+    assert outputs(ran, "2") == {"number": [7], "blocker": ["execution.types"]}
+    assert outputs(ran, "3") == {"x": [7]}
+
+
+# ---------------------------------------------------------------------- defect 7
+def test_linked_inputs_a_node_does_not_declare_reach_it(wild):
+    prompt = {"1": {"class_type": "TestConst", "inputs": {"value": 1}},
+              "2": {"class_type": "TestConst", "inputs": {"value": 10}},
+              "3": {"class_type": "TestConst", "inputs": {"value": 100}},
+              "4": {"class_type": "Variadic", "inputs": {"input1": ["1", 0], "input2": ["2", 0], "input3": ["3", 0],
+                                                         "ignored_constant": 5}}}
+    assert outputs(run(wild, prompt), "4") == {"names": ["input1", "input2", "input3"], "total": [111]}
+
+
+# ---------------------------------------------------------------------- defect 8
+def test_hooks_assigned_to_the_class_as_plain_functions_are_called_on_the_class(wild):
+    assert outputs(run(wild, {"1": {"class_type": "AssignedHooks", "inputs": {"value": 4}}}), "1") == {"value": [4]}
+    status, reply = post_json(wild.url + "/prompt", {"prompt": {"1": {"class_type": "AssignedHooks", "inputs": {"value": 3}}}})
+    assert status == 400
+    [error] = reply["node_errors"]["1"]["errors"]
+    assert error["type"] == "custom_validation_failed" and "value 3 is odd" in error["details"]
+
+
+# ---------------------------------------------------------------------- defect 9
+def test_is_changed_gets_linked_inputs_as_none(wild):
+    prompt = {"1": {"class_type": "TestConst", "inputs": {"value": 2}},
+              "2": {"class_type": "LinkedFingerprint", "inputs": {"source": ["1", 0], "value": 5}}}
+    assert outputs(run(wild, prompt), "2") == {"value": [7]}
+    written = json.loads((wild.runtime.paths.output / "fingerprint.json").read_text())
+    assert written == {"source": None, "value": 5}
+
+
+# ---------------------------------------------------------------------- defect 15
+def test_hidden_inputs_that_are_ordinary_inputs_get_the_prompt_values(wild):
+    prompt = {"9": {"class_type": "HiddenSettings", "inputs": {"frames": 2, "crf": 30, "ten_bit": True}}}
+    assert outputs(run(wild, prompt), "9") == {"crf": [30], "ten_bit": [True], "node_id": ["9"]}
+    status, info = get_json(wild.url + "/object_info/HiddenSettings")
+    assert info["HiddenSettings"]["input"]["hidden"] == {"crf": ["INT", {"default": 23}],
+                                                         "ten_bit": ["BOOLEAN", {"default": False}],
+                                                         "node_id": "UNIQUE_ID"}
