@@ -180,6 +180,9 @@ class NodeSpec:
     essentials_category: str | None = None  # where the editor's Essentials tab lists the node, if it does
     # Names of inputs the validate_inputs hook takes whole (no per-value check), as ComfyUI does.
     validate_takes: frozenset[str] = frozenset()
+    # The validator names `input_types`: it gets {input: linked output's type} and checks link types
+    # itself, so validation does not (ComfyUI's rule).
+    validate_takes_types: bool = False
     # Declared by a pack written for ComfyUI: registration accepts what ComfyUI accepts (option keys it
     # does not know, defaults outside their bounds or choices, hidden inputs that are ordinary inputs the
     # editor does not show). Weft's own nodes are checked strictly.

@@ -125,10 +125,13 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         return call
 
     validate = bound("VALIDATE_INPUTS")
-    validate_takes = frozenset()
+    validate_takes, validate_takes_types = frozenset(), False
     if validate is not None:
         params = inspect.signature(getattr(cls, "VALIDATE_INPUTS")).parameters
         validate_takes = frozenset(p for p in params if p not in ("self", "cls", "input_types"))
+        validate_takes_types = "input_types" in params
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            validate_takes = frozenset(i.name for i in inputs)  # **kwargs: it takes every input whole
 
     return NodeSpec(
         node_id=node_id,
@@ -145,6 +148,7 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         lenient=True,
         validate_inputs=validate,
         validate_takes=validate_takes,
+        validate_takes_types=validate_takes_types,
         check_lazy_status=bound("check_lazy_status"),
         python_module=python_module,
         deprecated=bool(getattr(cls, "DEPRECATED", False)),
