@@ -1,6 +1,7 @@
 """Adapter from classic ComfyUI node classes (INPUT_TYPES, RETURN_TYPES, FUNCTION, ...) to NodeSpec."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -66,6 +67,11 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
                 continue  # declared in an earlier section too: ComfyUI reads the first one
             seen.add(name)
             inputs.append(input_from_declaration(node_id, name, kind, declaration))
+
+    # ComfyUI calls INPUT_TYPES again for every /object_info and every validation, so a combo listing
+    # files sees files added since start-up: the choices are read from a fresh call each time.
+    inputs = [dataclasses.replace(i, choices=_live_choices(cls, i.kind, i.name, i.choices))
+              if i.type == "COMBO" and i.kind != "hidden" and not callable(i.choices) else i for i in inputs]
 
     return_types = tuple(getattr(cls, "RETURN_TYPES", ()))
     names = tuple(getattr(cls, "RETURN_NAMES", None) or return_types)
@@ -155,6 +161,27 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         experimental=bool(getattr(cls, "EXPERIMENTAL", False)),
         search_aliases=tuple(getattr(cls, "SEARCH_ALIASES", ()) or ()),
     )
+
+
+def _live_choices(cls: type, kind: str, name: str, declared: Any):
+    """A function returning `name`'s combo choices from a fresh INPUT_TYPES() call (the declared ones
+    when the call fails or no longer lists the input as a combo)."""
+    fallback = tuple(declared or ())
+
+    def choices() -> tuple:
+        try:
+            declaration = (cls.INPUT_TYPES().get(kind) or {}).get(name)
+        except Exception:
+            return fallback
+        if isinstance(declaration, (list, tuple)) and declaration:
+            first = declaration[0]
+            if isinstance(first, (list, tuple)):
+                return tuple(first)
+            if first == "COMBO" and len(declaration) > 1 and isinstance(declaration[1], dict):
+                return tuple(declaration[1].get("options", fallback))
+        return fallback
+
+    return choices
 
 
 def _parameters(fn) -> list[str]:

@@ -48,7 +48,7 @@ from urllib.parse import quote
 from execution import isolation
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
-from nodes.plugin_imports import missing_modules
+from nodes.plugin_imports import comfyui_only_imports, missing_modules
 from nodes.v3 import specs_from_entrypoint
 from nodes.registry import NodeRegistry
 from execution.spec import NodeDefinitionError, NodeSpec
@@ -65,6 +65,9 @@ COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
                   "comfy.supported_models", "comfy.comfy_types", "node_helpers", "server", "protocol",
                   "latent_preview", "comfy_api", "comfy_execution.graph_utils", "comfy_execution.graph")
+# Top-level names Weft's own packages hold that ComfyUI uses for a module of other contents: a pack
+# importing one whole is refused at load time, not left to fail at run time.
+COMFYUI_ONLY_MODULES = ("execution",)
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
 WEFT_ROOT = Path(__file__).resolve().parents[1]
@@ -292,6 +295,16 @@ def _missing_reason(exc: ModuleNotFoundError, path: Path, own_names: tuple[str, 
     return f"missing modules {', '.join(repr(n) for n in names)} (the import stopped at '{exc.name}')"
 
 
+def _also_missing(path: Path, own_names: tuple[str, ...], besides: str = "") -> str:
+    """'; missing modules also: ...' for what the dry pass finds missing beyond `besides`, or ''."""
+    try:
+        found = [name for name in missing_modules(path, own_names, COMPAT_DIR) if name != besides]
+    except Exception:  # the dry pass is a courtesy
+        logger.debug("dry import pass over %s failed", path, exc_info=True)
+        return ""
+    return f"; missing modules also: {', '.join(repr(n) for n in found)}" if found else ""
+
+
 def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = None,
                    own_names: tuple[str, ...] = ()) -> str:
     if isinstance(exc, SyntaxError):
@@ -309,11 +322,12 @@ def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = No
         return f"{missing}{hint}{_where(exc, plugin_root)}"
     if isinstance(exc, ImportError):
         hint = ""
-        if exc.name == "nodes":
-            hint = "; Weft's `nodes` is its own package, not ComfyUI's nodes.py"
+        if exc.name in ("nodes", "execution"):
+            hint = f"; Weft's `{exc.name}` is its own package, not ComfyUI's {exc.name}.py"
         elif exc.name in COMPAT_MODULES:
             hint = f"; Weft's {exc.name} provides only what the README lists"
-        return f"import error: {exc}{hint}{_where(exc, plugin_root)}"
+        also = _also_missing(path, own_names) if path is not None else ""
+        return f"import error: {exc}{hint}{also}{_where(exc, plugin_root)}"
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) while importing{_where(exc, plugin_root)}"
     return f"{type(exc).__name__} while importing: {exc}{_where(exc, plugin_root)}"
@@ -450,6 +464,11 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         finally:
             report.import_seconds = time.perf_counter() - started
         report.slow = report.import_seconds >= slow_import_seconds
+        own_names = (module_name, report.alias) if report.alias else (module_name,)
+        comfyui_only = comfyui_only_imports(path, own_names, COMFYUI_ONLY_MODULES)
+        for name in comfyui_only[:1]:
+            raise PluginError(f"it imports ComfyUI's `{name}` module, which Weft does not provide (Weft's "
+                              f"`{name}` is its own package){_also_missing(path, own_names)}")
         mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
         if isinstance(mappings, dict):
             report.declared_ids = tuple(str(key) for key in mappings)

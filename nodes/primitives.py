@@ -23,6 +23,8 @@ def _preview_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) == 0 and callable(getattr(value, "item", None)):
+        value, shape = value.item(), None  # a numpy scalar or 0-d tensor is one value: show it
     if shape is not None:
         return f"{type(value).__name__} of shape {list(shape)}, dtype {getattr(value, 'dtype', '?')}"
     try:

@@ -38,7 +38,7 @@ BROKEN = {
                                 "'prompt_queue': Weft's compatibility layer does not provide it",
     "missing_chain": "missing modules 'comfy.sd', 'comfy.samplers', 'comfy_extras' (the import stopped at "
                      "'comfy.sd'); Weft's compatibility layer provides only",
-    "import_error_name": "cannot import name 'folder_names_and_paths' from 'folder_paths'",
+    "import_error_name": "cannot import name 'set_output_directory' from 'folder_paths'",
     "comfy_nodes_import": "cannot import name 'common_ksampler' from 'nodes'",
     "relative_missing": "missing module 'custom_nodes.relative_missing.not_here'",
     "raises_at_import": "KeyError while importing: 'threshold' (nodes.py:3)",

@@ -286,6 +286,111 @@ PACKS["classic_wild"] = {
 }
 
 
+# Defects 10 and 11: ComfyUI's `execution` imported whole, and `from nodes import X` in a pack that
+# misses other modules too.
+PACKS["imports_execution"] = {
+    "__init__.py": """
+        import execution
+
+        class UsesExecution:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {}}
+            RETURN_TYPES = ()
+            FUNCTION = "run"
+
+            def run(self):
+                return execution.validate_prompt({})
+
+        NODE_CLASS_MAPPINGS = {"UsesExecution": UsesExecution}
+    """,
+}
+PACKS["nodes_import_chain"] = {
+    "__init__.py": """
+        from nodes import common_ksampler
+        import comfy.sd
+        from .helpers import masks
+    """,
+    "helpers.py": "from comfy_extras.nodes_mask import composite as masks\n",
+}
+
+# Defects 12, 14, 16 and 18: values and folders the way packs hand them over.
+PACKS["values_wild"] = {
+    "__init__.py": """
+        import os
+        from collections.abc import Mapping
+
+        import folder_paths
+        import numpy as np
+        import torch
+
+        EXTRA_MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "my_models")
+        folder_paths.folder_names_and_paths["wild_models"] = ([EXTRA_MODELS], {".safetensors"})
+
+        class Scalars:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {}}
+            RETURN_TYPES = ("*", "*")
+            FUNCTION = "run"
+
+            def run(self):
+                return (np.float64(3.5), torch.tensor(7))
+
+        class Folders:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"name": ("STRING", {"default": "a.png [output]"})}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, name):
+                table = folder_paths.folder_names_and_paths
+                plain, folder = folder_paths.annotated_filepath(name)
+                return {"ui": {"plain": [plain], "folder": [folder],
+                               "checkpoints": [table["checkpoints"][0][0]], "wild": table["wild_models"][0],
+                               "has_loras": ["loras" in table]}}
+
+        class TextFiles:
+            @classmethod
+            def INPUT_TYPES(cls):
+                folder = folder_paths.get_input_directory()
+                names = sorted(f for f in os.listdir(folder) if f.endswith(".txt")) if os.path.isdir(folder) else []
+                return {"required": {"text_file": (names or ["none"],)}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, text_file):
+                with open(os.path.join(folder_paths.get_input_directory(), text_file)) as handle:
+                    return {"ui": {"text": [handle.read()]}}
+
+        class LazyAudio(Mapping):
+            def __init__(self):
+                self._values = {"waveform": torch.zeros(1, 2, 800), "sample_rate": 8000}
+            def __getitem__(self, key):
+                return self._values[key]
+            def __iter__(self):
+                return iter(self._values)
+            def __len__(self):
+                return len(self._values)
+
+        class LoadsVideo:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {}}
+            RETURN_TYPES = ("IMAGE", "AUDIO")
+            FUNCTION = "run"
+
+            def run(self):
+                return (torch.zeros(2, 16, 16, 3), LazyAudio())
+
+        NODE_CLASS_MAPPINGS = {"Scalars": Scalars, "Folders": Folders, "TextFiles": TextFiles, "LoadsVideo": LoadsVideo}
+    """,
+}
+
+
 def write_packs(custom: Path, packs: dict[str, dict[str, str]]) -> None:
     for name, files in packs.items():
         for relative, source in files.items():
@@ -420,3 +525,60 @@ def test_hidden_inputs_that_are_ordinary_inputs_get_the_prompt_values(wild):
     assert info["HiddenSettings"]["input"]["hidden"] == {"crf": ["INT", {"default": 23}],
                                                          "ten_bit": ["BOOLEAN", {"default": False}],
                                                          "node_id": "UNIQUE_ID"}
+
+
+# ---------------------------------------------------------------------- defects 10 and 11
+def test_comfyuis_execution_module_and_nodes_names_are_refused_at_load_naming_every_missing_module(wild):
+    execution_pack = reports(wild)["imports_execution"]
+    assert execution_pack.status == "failed"
+    assert "it imports ComfyUI's `execution` module, which Weft does not provide" in execution_pack.reason
+    chain = reports(wild)["nodes_import_chain"]
+    assert chain.status == "failed"
+    assert "cannot import name 'common_ksampler' from 'nodes'" in chain.reason
+    assert "missing modules also: 'comfy.sd', 'comfy_extras'" in chain.reason
+    import execution
+
+    with pytest.raises(AttributeError, match="ComfyUI's execution.py, which Weft does not provide"):
+        execution.validate_prompt
+
+
+# ---------------------------------------------------------------------- defect 12
+def test_preview_any_shows_numpy_scalars_and_0d_tensors_as_values(wild):
+    ran = run(wild, {"1": {"class_type": "Scalars", "inputs": {}},
+                     "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+                     "3": {"class_type": "PreviewAny", "inputs": {"source": ["1", 1]}}})
+    assert outputs(ran, "2")["text"] == ["3.5"] and outputs(ran, "3")["text"] == ["7"]
+
+
+# ---------------------------------------------------------------------- defect 14
+def test_folder_paths_annotated_filepath_and_folder_names_and_paths(wild):
+    shown = outputs(run(wild, {"1": {"class_type": "Folders", "inputs": {"name": "a.png [output]"}}}), "1")
+    paths = wild.runtime.paths
+    assert shown["plain"] == ["a.png"] and shown["folder"] == [str(paths.output)]
+    assert shown["checkpoints"] == [str(paths.models / "checkpoints")]
+    # A kind a pack adds is searched in models/<kind> and in the folders it gave.
+    assert shown["wild"] == [str(paths.models / "wild_models"), str(reports(wild)["values_wild"].path / "my_models")]
+    assert shown["has_loras"] == [True]
+
+
+# ---------------------------------------------------------------------- defect 16
+def test_input_types_is_read_again_for_object_info_and_validation(wild):
+    (wild.runtime.paths.input / "added_later.txt").write_text("written after start-up")
+    status, info = get_json(wild.url + "/object_info/TextFiles")
+    assert "added_later.txt" in info["TextFiles"]["input"]["required"]["text_file"][0]
+    ran = outputs(run(wild, {"1": {"class_type": "TextFiles", "inputs": {"text_file": "added_later.txt"}}}), "1")
+    assert ran == {"text": ["written after start-up"]}
+
+
+# ---------------------------------------------------------------------- defect 18
+def test_audio_as_any_mapping_is_taken_by_the_audio_nodes(wild):
+    ran = run(wild, {"1": {"class_type": "LoadsVideo", "inputs": {}},
+                     "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 1], "filename_prefix": "wild/audio"}},
+                     "3": {"class_type": "PreviewAudio", "inputs": {"audio": ["1", 1]}},
+                     "4": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 8.0, "audio": ["1", 1]}},
+                     "5": {"class_type": "SaveVideo", "inputs": {"video": ["4", 0], "filename_prefix": "wild/video",
+                                                                 "format": "auto", "codec": "auto"}}})
+    assert len(outputs(ran, "2")["audio"]) == 1 and len(outputs(ran, "3")["audio"]) == 1
+    assert (wild.runtime.paths.output / outputs(ran, "2")["audio"][0]["subfolder"]
+            / outputs(ran, "2")["audio"][0]["filename"]).is_file()
+    assert outputs(ran, "5")
