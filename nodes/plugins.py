@@ -63,8 +63,9 @@ ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
-                  "comfy.supported_models", "comfy.comfy_types", "node_helpers", "server", "protocol",
-                  "latent_preview", "comfy_api", "comfy_execution.graph_utils", "comfy_execution.graph")
+                  "comfy.supported_models", "comfy.comfy_types", "comfy.k_diffusion.utils", "node_helpers",
+                  "server", "protocol", "latent_preview", "comfy_api", "comfy_execution.graph_utils",
+                  "comfy_execution.graph")
 # Top-level names Weft's own packages hold that ComfyUI uses for a module of other contents: a pack
 # importing one whole is refused at load time, not left to fail at run time.
 COMFYUI_ONLY_MODULES = ("execution",)

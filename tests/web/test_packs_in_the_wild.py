@@ -391,6 +391,49 @@ PACKS["values_wild"] = {
 }
 
 
+# Defect 19: the next ring of what a video pack imports (ComfyUI-VideoHelperSuite's), made real.
+PACKS["video_ring"] = {
+    "__init__.py": """
+        import os
+
+        import folder_paths
+        import latent_preview
+        from comfy.k_diffusion.utils import FolderOfImages
+        from nodes import EmptyLatentImage, LoadImage, SaveImage, VAEDecode, VAEEncode, CLIPTextEncode
+        from server import PromptServer, web
+
+        @PromptServer.instance.routes.get("/video_ring/ping")
+        async def ping(request):
+            return web.json_response({"pong": True})
+
+        class FramesFolder:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"folder": ("STRING", {"default": "frames"})}}
+            RETURN_TYPES = ("IMAGE",)
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, folder):
+                import numpy as np
+                import torch
+                frames = FolderOfImages(os.path.join(folder_paths.get_input_directory(), folder),
+                                        transform=lambda image: torch.from_numpy(np.asarray(image, dtype=np.float32) / 255))
+                images = torch.stack([frames[i][0] for i in range(len(frames))])
+                saved = SaveImage().save_images(images, "wild/facade")
+                loaded, mask = LoadImage().load_image(os.path.join(folder, "f0.png"))
+                latent = EmptyLatentImage().generate(64, 32, 1)[0]
+                return {"ui": {"frames": [len(frames)], "saved": [len(saved["ui"]["images"])],
+                               "loaded": [list(loaded.shape)], "latent": [list(latent["samples"].shape)],
+                               "previewer": [latent_preview.get_previewer() is None],
+                               "functions": [VAEEncode.FUNCTION, VAEDecode.FUNCTION, CLIPTextEncode.FUNCTION]},
+                        "result": (images,)}
+
+        NODE_CLASS_MAPPINGS = {"FramesFolder": FramesFolder}
+    """,
+}
+
+
 def write_packs(custom: Path, packs: dict[str, dict[str, str]]) -> None:
     for name, files in packs.items():
         for relative, source in files.items():
@@ -582,3 +625,22 @@ def test_audio_as_any_mapping_is_taken_by_the_audio_nodes(wild):
     assert (wild.runtime.paths.output / outputs(ran, "2")["audio"][0]["subfolder"]
             / outputs(ran, "2")["audio"][0]["filename"]).is_file()
     assert outputs(ran, "5")
+
+
+# ---------------------------------------------------------------------- defect 19
+def test_a_video_packs_next_ring_of_imports_is_there_and_works(wild):
+    from PIL import Image
+
+    report = reports(wild)["video_ring"]
+    assert report.status == "loaded", report.reason
+    frames = wild.runtime.paths.input / "frames"
+    frames.mkdir(exist_ok=True)
+    for index, shade in enumerate((0, 255)):
+        Image.new("RGB", (8, 4), (shade, shade, shade)).save(frames / f"f{index}.png")
+    ran = outputs(run(wild, {"1": {"class_type": "FramesFolder", "inputs": {"folder": "frames"}}}), "1")
+    assert ran["frames"] == [2] and ran["saved"] == [2] and ran["loaded"] == [[1, 4, 8, 3]]
+    assert ran["latent"] == [[1, 24, 1, 2, 4]]
+    assert ran["previewer"] == [True]  # no VAE loaded: nothing can draw previews, so there is no previewer
+    assert ran["functions"] == ["encode", "decode", "encode"]
+    status, body = get_json(wild.url + "/video_ring/ping")
+    assert status == 200 and body == {"pong": True}
