@@ -1,20 +1,21 @@
 """Job workers as Ray actors: the same worker as the local worker process, behind a second transport.
 
 Topology. The aiohttp server (the front door) keeps the SQLite job store and its job runner; the
-runner's dispatcher hands each job to one idle worker of the pool (`execution/jobs.py`, chosen by
+runner's dispatcher hands each job to one idle worker of the pool (`execution/job_runner.py`, chosen by
 `execution/placement.py`). A worker here is a `RemoteWorker` whose transport, `RayTransport`, reaches
 one `WorkerActor`: an actor that builds its own runtime (registry, executor, output cache, model
 cache) from the server's recipe and serves it with the same `WorkerHost` the local worker process
 uses. `--workers N` starts a local Ray instance with N CPU workers; `--ray-address ADDR` joins a
 cluster, with one worker per GPU (`num_gpus=1` each) unless --workers says otherwise.
 
-What travels where:
+What travels where (the typed messages of `execution/worker_messages.py`, as for a local worker):
 
-    front door -> actor   ("run", JobRequest) with the job's input files put in the object store
-                          by the front door; ("interrupt", id); ("free", unload); ("stop",)
+    front door -> actor   each message pickled by the front door (so a job that cannot be encoded
+                          fails there, before it is sent), through `WorkerActor.deliver`; a RunJob
+                          comes with the job's input files, put in the object store by the front door
     actor -> front door   one streaming generator (`WorkerActor.messages`) yielding batches of the
-                          worker's messages: ("ready", info), ("event", type, data) in order,
-                          ("files", [(folder kind, relative name, bytes)]), ("result", JobOutcome)
+                          worker's messages: WorkerReady, JobEvents in order, OutputFiles, JobResult
+                          (or WorkerFailure when the runtime could not be built or a job not read)
 
 The actor writes into its own scratch folders (input, output, temp, user), never into the front
 door's. A file a node reported in its `executed` event is shipped right before that event; the rest
@@ -51,15 +52,23 @@ from execution.events import EventBus
 from execution.paths import STAGING_PREFIX, atomic_write_bytes, confine, next_output_name, staging_token
 from execution.placement import named_files
 from execution.worker import (DEFAULT_INTERRUPT_GRACE_S, RemoteWorker, RuntimeRecipe, Transport, WorkerDied,
-                              WorkerHost, WorkerPool)
+                              WorkerHost, WorkerPool, start_failure)
+from execution.worker_messages import (FromWorker, JobEvent, JobResult, OutputFile, OutputFiles, RunJob, StopWorker,
+                                       ToWorker)
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NUMBERED = re.compile(r"(?P<stem>.+)_(?P<counter>\d{5})_\.(?P<ext>[^./]+)")  # next_output_name's file names
 MODEL_CHECK_TIMEOUT_S = 30.0
-_DIED = "__died__"
-_STREAM_END = "__end__"
+_STREAM_END = object()  # the actor's outbox ends here (never leaves the actor)
+
+
+class _Ended:
+    """The transport's note that the actor's stream ended (it never comes from the actor)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 _naming_lock = threading.Lock()  # several workers' files arrive at once; each name is picked and written under it
 
 
@@ -101,34 +110,34 @@ class _ActorConnection:
         self.outbox: queue.Queue = queue.Queue()
         self.token: str | None = None
 
-    def recv(self) -> tuple:
-        message = self.inbox.get()
-        if message[0] == "run":
-            self.token = message[1].staging_token
+    def recv(self) -> ToWorker:
+        """The next message from the front door (it arrives pickled; see WorkerActor.deliver)."""
+        message = pickle.loads(self.inbox.get())
+        if isinstance(message, RunJob):
+            self.token = message.request.staging_token
         return message
 
-    def send(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "event" and message[1] == "executed":
-            files = self._take_reported(message[2].get("output") or {})
+    def send(self, message: FromWorker) -> None:
+        if isinstance(message, JobEvent) and message.event == "executed":
+            files = self._take_reported(message.data.get("output") or {})
             if files:
-                self.outbox.put(("files", files))
-            message = ("event", "executed", _picklable(message[2]))
-        elif kind == "result":
-            outcome = message[1]
+                self.outbox.put(OutputFiles(files))
+            message = JobEvent("executed", _picklable(message.data))
+        elif isinstance(message, JobResult):
+            outcome = message.outcome
             files = [item for item in (self._take(Path(final), Path(staged)) for staged, final in outcome.staged)
                      if item is not None]
             outcome.staged = []
             outcome.outputs = _picklable(outcome.outputs)
             if files:
-                self.outbox.put(("files", files))
+                self.outbox.put(OutputFiles(files))
         self.outbox.put(message)
 
     def close(self) -> None:
-        self.outbox.put((_STREAM_END,))
+        self.outbox.put(_STREAM_END)
 
-    def _take(self, final: Path, staged: Path) -> tuple[str, str, bytes] | None:
-        """(folder kind, name relative to it, bytes) of one written file, which leaves this machine."""
+    def _take(self, final: Path, staged: Path) -> OutputFile | None:
+        """One written file (folder kind, name relative to it, bytes), which leaves this machine."""
         source = staged if staged.is_file() else final
         if not source.is_file():
             return None
@@ -139,10 +148,10 @@ class _ActorConnection:
                 continue
             data = source.read_bytes()
             source.unlink(missing_ok=True)
-            return kind, relative, data
+            return OutputFile(kind, relative, data)
         return None
 
-    def _take_reported(self, ui: dict) -> list[tuple[str, str, bytes]]:
+    def _take_reported(self, ui: dict) -> list[OutputFile]:
         files = []
         for item in _file_items(ui):
             final = self.paths.folder(item["type"]) / item.get("subfolder", "") / item["filename"]
@@ -164,7 +173,15 @@ class WorkerActor:
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"weft-{name}-", dir=scratch_root))
-        runtime = RuntimeRecipe(recipe.factory, _scratch_args(recipe.args, self.scratch)).build()
+        try:
+            runtime = RuntimeRecipe(recipe.factory, _scratch_args(recipe.args, self.scratch)).build()
+        except Exception as exc:  # said on the message stream, as a local worker says it on its pipe
+            logger.exception("the job worker could not build its runtime")
+            self.paths, self.connection = None, _ActorConnection(None)
+            self.connection.send(start_failure(exc))
+            self.connection.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            return
         torch = sys.modules.get("torch")
         if threads and torch is not None:
             torch.set_num_threads(threads)
@@ -192,7 +209,7 @@ class WorkerActor:
                     batch.append(outbox.get_nowait())
                 except queue.Empty:
                     break
-            ended = batch[-1][0] == _STREAM_END
+            ended = batch[-1] is _STREAM_END
             if ended:
                 batch.pop()
             if batch:
@@ -200,8 +217,11 @@ class WorkerActor:
             if ended:
                 return
 
-    def deliver(self, message: tuple, media: list | None = None) -> None:
-        """One message from the front door; a job's input files arrive with its "run"."""
+    def deliver(self, message: bytes, media: list | None = None) -> None:
+        """One pickled message from the front door (decoded by the host's reader, which reports a job it
+        cannot decode); a job's input files arrive with its RunJob."""
+        if self.paths is None:  # the runtime was never built: nothing reads the inbox
+            return
         for kind, relative, data in media or ():
             target = confine(self.paths.folder(kind), relative)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +229,9 @@ class WorkerActor:
         self.connection.inbox.put(message)
 
     def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The (folder, name) model files this machine's folders lack."""
+        """The (folder, name) model files this machine's folders lack (all, when its runtime never started)."""
+        if self.paths is None:
+            return list(models)
         missing = []
         for folder, name in models:
             try:
@@ -285,28 +307,30 @@ class RayTransport(Transport):
             for reference in stream:
                 for message in ray.get(reference):
                     self.messages.put(message)
-            self.messages.put((_DIED, "its actor stopped"))
+            self.messages.put(_Ended("its actor stopped"))
         except Exception as exc:  # the actor died (killed, its machine gone) or never started
-            self.messages.put((_DIED, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"))
+            self.messages.put(_Ended(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"))
 
-    def send(self, message: tuple) -> None:
-        """Deliver one message; a "run" carries the job's input files through the object store."""
+    def send(self, message: ToWorker) -> None:
+        """Deliver one message; a RunJob carries the job's input files through the object store. The
+        message is pickled here, so one that cannot be (a prompt nested too deep) fails before it leaves."""
         if self.actor is None:
             raise WorkerDied(f"the Ray worker {self.name} is not running")
+        encoded = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         media = None
-        if message[0] == "run":
-            request = message[1]
+        if isinstance(message, RunJob):
+            request = message.request
             self.token, self.staged, self.renamed = request.staging_token, [], {}
             items = []
             for kind, relative in self.media_of(request.prompt):
                 items.append((kind, relative, confine(self.paths.folder(kind), relative).read_bytes()))
             media = ray.put(items) if items else None
         try:
-            self.actor.deliver.remote(message, media)
+            self.actor.deliver.remote(encoded, media)
         except Exception as exc:  # the actor handle is gone
             raise WorkerDied(f"the Ray worker {self.name} is gone: {exc}") from None
 
-    def receive(self, timeout: float) -> tuple | None:
+    def receive(self, timeout: float) -> FromWorker | None:
         """The next message for the worker; files are written here and never returned."""
         wait = timeout
         while True:
@@ -314,25 +338,25 @@ class RayTransport(Transport):
                 message = self.messages.get(timeout=wait) if wait > 0 else self.messages.get_nowait()
             except queue.Empty:
                 return None
-            kind = message[0]
-            if kind == _DIED:
+            if isinstance(message, _Ended):
                 self.messages.put(message)  # it stays dead for every later call
-                raise WorkerDied(f"the Ray worker {self.name} ended ({message[1]})")
-            if kind == "files":
-                self._write_files(message[1])
+                raise WorkerDied(f"the Ray worker {self.name} ended ({message.reason})")
+            if isinstance(message, OutputFiles):
+                self._write_files(message.files)
                 wait = 0.0
                 continue
-            if kind == "event" and message[1] == "executed":
-                rename_outputs({"node": message[2].get("output") or {}}, self.renamed)
-            elif kind == "result":
-                outcome = message[1]
+            if isinstance(message, JobEvent) and message.event == "executed":
+                rename_outputs({"node": message.data.get("output") or {}}, self.renamed)
+            elif isinstance(message, JobResult):
+                outcome = message.outcome
                 rename_outputs(outcome.outputs, self.renamed)
                 outcome.staged, self.staged = self.staged, []
             return message
 
-    def _write_files(self, files: list[tuple[str, str, bytes]]) -> None:
+    def _write_files(self, files: list[OutputFile]) -> None:
         """Write arriving files under the job's staging names (temporary name, then rename)."""
-        for kind, relative, data in files:
+        for item in files:
+            kind, relative, data = item.kind, item.relative, item.data
             folder = self.paths.folder(kind)
             path = PurePosixPath(relative)
             numbered = NUMBERED.fullmatch(path.name)
@@ -373,7 +397,7 @@ class RayTransport(Transport):
         if self.actor is None:
             return
         try:
-            self.actor.deliver.remote(("stop",), None)
+            self.actor.deliver.remote(pickle.dumps(StopWorker()), None)
         except Exception:
             pass
         if self.reader is not None:

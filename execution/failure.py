@@ -1,15 +1,46 @@
-"""Why a job stopped early: one exception type that renders its `execution_error` or
-`execution_interrupted` event payload (the wire shapes the editor reads)."""
+"""Why a job stopped early: the one builder of `execution_error` and `execution_interrupted` payloads
+(the wire shapes the editor reads), and the exception a run raises to end a job early.
+
+Every early end goes through `failure_payload`, whoever sees it: a node or the scheduler
+(`RunFailure`), a worker that could not run the job (`execution.worker.failure_outcome`), the runner
+stopping a job from outside (`interrupted_outcome`), the store after a crash or a cancel
+(`execution.job_store`). So every record and event of a failure has the same fields."""
 from __future__ import annotations
 
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from execution.events import timestamp_ms
-from execution.graph import PromptNode
+
+if TYPE_CHECKING:
+    from execution.graph import PromptNode
 
 ERROR = "execution_error"
 INTERRUPTED = "execution_interrupted"
+
+
+def failure_payload(event: str, prompt_id: str, *, node_id: str | None = None, node_type: str | None = None,
+                    executed: Iterable[str] = (), exception_type: str | None = None, message: str | None = None,
+                    trace: list[str] | None = None, inputs: dict | None = None, **more: Any) -> dict:
+    """The payload of `event` (ERROR or INTERRUPTED) for job `prompt_id`.
+
+    An error always carries the exception, its trace and the inputs the node was given (empty when no
+    node ran); an interruption names an exception only when something other than the user stopped the
+    job (its worker killed, a crash). `more` adds fields some ends have (`real_node_id`, `details`)."""
+    payload: dict[str, Any] = {"prompt_id": prompt_id, "node_id": node_id, "node_type": node_type,
+                               "executed": list(executed)}
+    if event == ERROR:
+        payload.update({"exception_message": message or "", "exception_type": exception_type or "",
+                        "traceback": list(trace or []), "current_inputs": dict(inputs or {}),
+                        "current_outputs": {}})
+    elif event == INTERRUPTED:
+        if exception_type is not None:
+            payload.update({"exception_type": exception_type, "exception_message": message or ""})
+    else:
+        raise ValueError(f"a failure payload is for {ERROR} or {INTERRUPTED}, not {event!r}")
+    payload["timestamp"] = timestamp_ms()
+    payload.update(more)
+    return payload
 
 
 class RunFailure(Exception):
@@ -59,20 +90,13 @@ class RunFailure(Exception):
         """The event's payload (`self.event` names the event)."""
         node = self.node
         if self.event == INTERRUPTED:
-            return {"prompt_id": prompt_id, "node_id": node.id if node else None,
-                    "node_type": node.class_type if node else None, "executed": list(executed),
-                    "timestamp": timestamp_ms()}
-        payload = {
-            "prompt_id": prompt_id,
-            "node_id": self.node_id or (node.display_id if node else None),
-            "node_type": node.class_type if node else None,
-            "executed": list(executed), "exception_message": self.message, "exception_type": self.exception_type,
-            "traceback": self.trace, "current_inputs": self.inputs, "current_outputs": {},
-            "timestamp": timestamp_ms(),
-        }
-        if node is not None and self.node_id is None:
-            payload["real_node_id"] = node.id
-        return payload
+            return failure_payload(INTERRUPTED, prompt_id, node_id=node.id if node else None,
+                                   node_type=node.class_type if node else None, executed=executed)
+        more = {"real_node_id": node.id} if node is not None and self.node_id is None else {}
+        return failure_payload(ERROR, prompt_id, node_id=self.node_id or (node.display_id if node else None),
+                               node_type=node.class_type if node else None, executed=executed,
+                               exception_type=self.exception_type, message=self.message, trace=self.trace,
+                               inputs=self.inputs, **more)
 
 
 def _trace(exc: BaseException) -> list[str]:

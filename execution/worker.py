@@ -1,27 +1,28 @@
 """Where jobs run: one worker interface, and transports that reach a worker's runtime.
 
-The HTTP server never runs node code. The job runner (`execution/jobs.py`) hands each job to a
+The HTTP server never runs node code. The job runner (`execution/job_runner.py`) hands each job to a
 `Worker`, which holds (or reaches) a runtime: the node registry, the executor, its output cache and
-the model cache. Two workers exist:
+the model cache. The runner knows nothing else of a worker. Two workers exist here:
 
-    InProcessWorker   runs the job on the calling thread (headless `main.py run` and embedders that
+    InProcessWorker   runs the job on the calling thread (`--in-process-jobs` and embedders that
                       give no runtime recipe);
     RemoteWorker      sends the job over a `Transport` to a runtime elsewhere and relays its events.
 
-A transport carries picklable messages both ways and can kill what it reaches:
+A transport carries the typed messages of `execution/worker_messages.py` both ways and can kill what
+it reaches. `LocalProcessTransport` runs `serve_worker` in a child process over a pipe; the Ray actor
+transport (`cluster/`) implements the same methods around the same `WorkerHost`; a rank group (several
+processes that run one job, rank 0 speaking for them) is one more transport, or one more `Worker`. A
+local worker writes outputs under staging names in the shared output folder (`JobOutcome.staged`); a
+Ray worker returns their bytes instead (`OutputFiles`), and its transport writes them under the same
+staging names on the server before the record. Several workers form a pool: the job runner gives each
+its own job (`execution/job_runner.py`, `execution/placement.py`).
 
-    server -> worker   ("run", JobRequest) | ("interrupt", prompt_id) | ("free", unload_models) | ("stop",)
-    worker -> server   ("ready", info) | ("event", type, data) | ("result", JobOutcome) | ("freed",)
-
-`LocalProcessTransport` runs `serve_worker` in a child process over a pipe; the Ray actor transport
-(`cluster/`) implements the same five methods around the same `WorkerHost`. A local worker writes
-outputs under staging names in the shared output folder (`JobOutcome.staged`); a Ray worker returns
-their bytes instead, and its transport writes them under the same staging names on the server before
-the record. Several workers form a pool: the job runner gives each its own job (`execution/jobs.py`,
-`execution/placement.py`). Interruption is cooperative first: the
-worker's executor stops at its next check point. A node that does not reach one within the grace
-period gets its worker killed and restarted, and its job ends `interrupted`. A worker that dies on
-its own raises `WorkerDied`, and the runner applies the crash rule (retry once, then interrupted).
+Interruption is cooperative first: the worker's executor stops at its next check point. A node that
+does not reach one within the grace period gets its worker killed and restarted, and its job ends
+`interrupted`. A worker that dies on its own raises `WorkerDied`, and the runner applies the crash rule
+(retry once, then interrupted) once the job went to it (`handed_over` was called); a worker that
+dies while it boots costs its job no attempt. A job that cannot be handed over (it does not pickle,
+the worker cannot read it) ends with an error outcome.
 """
 from __future__ import annotations
 
@@ -31,16 +32,21 @@ import pickle
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from execution.events import EventBus, encode_preview, timestamp_ms
+from execution.events import EventBus, encode_preview
+from execution.failure import ERROR, INTERRUPTED, failure_payload
 from execution.paths import begin_staging, end_staging, scrub_base
+from execution.worker_messages import (FreeMemory, FromWorker, InterruptJob, JobEvent, JobOutcome, JobRequest,
+                                       JobResult, MemoryFreed, RunJob, StopWorker, ToWorker, WorkerFailure,
+                                       WorkerReady)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_INTERRUPT_GRACE_S = 10.0  # a node gets this long to reach a check point after an interrupt
 POLL_S = 0.05  # how often the runner looks at its job's interrupt flag while it waits for the worker
+MAX_BOOT_DEATHS = 3  # a runtime that dies this many times running before it is ready is a start failure
 
 
 class WorkerDied(RuntimeError):
@@ -49,31 +55,6 @@ class WorkerDied(RuntimeError):
 
 class WorkerStartFailed(RuntimeError):
     """The worker could not build its runtime (a broken plugin, a missing package)."""
-
-
-@dataclass
-class JobRequest:
-    """What a worker needs to run one job (picklable: it crosses to the worker)."""
-
-    prompt_id: str
-    prompt: dict
-    partial_targets: list[str] | None = None
-    extra_data: dict = field(default_factory=dict)
-    staging_token: str | None = None  # None: outputs are written under their final names at once
-
-
-@dataclass
-class JobOutcome:
-    """How one attempt of a job ended (picklable: it crosses back from the worker)."""
-
-    status: str  # success | error | interrupted
-    outputs: dict = field(default_factory=dict)
-    messages: list = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    error: dict | None = None
-    staged: list = field(default_factory=list)  # (staging path, final path) of the files it wrote
-    killed: bool = False  # the worker was killed after the grace period: the node never stopped
-    profile: dict = field(default_factory=dict)  # per node: class_type, wall_ms, cpu_ms, ... (execution.profile)
 
 
 @dataclass
@@ -89,22 +70,24 @@ class RuntimeRecipe:
         return self.factory(self.args)
 
 
-def failure_outcome(prompt_id: str, exc: BaseException) -> JobOutcome:
-    """The record of a job that failed outside any node (validation at run time, an engine fault)."""
-    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
-             "exception_message": str(exc), "exception_type": type(exc).__name__, "traceback": [],
-             "current_inputs": {}, "current_outputs": {}, "timestamp": timestamp_ms()}
-    payload = getattr(exc, "to_json", None)
-    if callable(payload):
-        error["details"] = payload()
-    return JobOutcome("error", error=error, messages=[["execution_error", error]])
+def failure_outcome(prompt_id: str, exc: BaseException | None = None, *, exception_type: str | None = None,
+                    message: str | None = None) -> JobOutcome:
+    """The record of a job that failed outside any node (validation at run time, an engine fault, a
+    job its worker could not be handed): from `exc`, or from its type name and message."""
+    more = {}
+    if exc is not None:
+        exception_type, message = type(exc).__name__, str(exc)
+        details = getattr(exc, "to_json", None)
+        if callable(details):
+            more["details"] = details()
+    error = failure_payload(ERROR, prompt_id, exception_type=exception_type, message=message, **more)
+    return JobOutcome("error", error=error, messages=[[ERROR, error]])
 
 
 def interrupted_outcome(prompt_id: str, exception_type: str, message: str, *, killed: bool = False) -> JobOutcome:
     """The record of a job the runner stopped from outside (its worker killed, or never started)."""
-    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": [],
-             "exception_type": exception_type, "exception_message": message, "timestamp": timestamp_ms()}
-    return JobOutcome("interrupted", error=error, messages=[["execution_interrupted", error]], killed=killed)
+    error = failure_payload(INTERRUPTED, prompt_id, exception_type=exception_type, message=message)
+    return JobOutcome("interrupted", error=error, messages=[[INTERRUPTED, error]], killed=killed)
 
 
 def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable[..., Any], request: JobRequest,
@@ -131,8 +114,16 @@ def run_request(validate: Callable[[dict, list[str] | None], Any], run: Callable
 
 
 # ---------------------------------------------------------------------- the interface
+# Called when a job goes to a ready runtime, just before it is sent: its attempt counts from then (counted
+# before the send, so a job that ran is always counted, even if the server dies right after sending it).
+HandedOver = Callable[[], None]
+
+
 class Worker(ABC):
-    """What the job runner needs of a worker (each worker is called from its own runner thread)."""
+    """What the job runner needs of a worker (each worker is called from its own runner thread).
+
+    A group of ranks that runs one job together is one Worker: `run` hands the job to the group and
+    returns rank 0's outcome; `is_ready` is true when every rank is up; a rank that dies is WorkerDied."""
 
     name = "local"  # how records, the profile and /system_stats name it
 
@@ -141,8 +132,12 @@ class Worker(ABC):
         """Get ready to run jobs (a remote worker starts its runtime in the background)."""
 
     @abstractmethod
-    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
-        """Run one job to its outcome; `control.interrupted` asks it to stop. Raises WorkerDied."""
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None,
+            handed_over: HandedOver | None = None) -> JobOutcome:
+        """Run one job to its outcome; `control.interrupted` asks it to stop. Calls `handed_over` when the
+        job goes to a ready runtime, just before it is sent (a runtime that dies while it boots costs the
+        job no attempt). A job that cannot be handed over ends with an error outcome; a runtime that dies
+        raises WorkerDied, one that cannot be built WorkerStartFailed."""
 
     @abstractmethod
     def free(self, unload_models: bool) -> None:
@@ -195,8 +190,11 @@ class InProcessWorker(Worker):
     def start(self) -> None:
         """Nothing to start."""
 
-    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
-        """Run the job here."""
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None,
+            handed_over: HandedOver | None = None) -> JobOutcome:
+        """Run the job here (it is in this worker's hands at once)."""
+        if handed_over is not None:
+            handed_over()
         return run_request(self.validate, self.run_prompt, request, control, validated=validated, base=self.base)
 
     def free(self, unload_models: bool) -> None:
@@ -213,14 +211,15 @@ class Transport(ABC):
 
     @abstractmethod
     def start(self) -> None:
-        """Start the runtime; it sends ("ready", info) once it can take jobs."""
+        """Start the runtime; it sends WorkerReady once it can take jobs (WorkerFailure if it cannot)."""
 
     @abstractmethod
-    def send(self, message: tuple) -> None:
-        """Send one message; WorkerDied when the runtime is gone."""
+    def send(self, message: ToWorker) -> None:
+        """Send one message; WorkerDied when the runtime is gone. A message that cannot be encoded
+        (pickled) raises what encoding raised, and nothing of it was sent."""
 
     @abstractmethod
-    def receive(self, timeout: float) -> tuple | None:
+    def receive(self, timeout: float) -> FromWorker | None:
         """The next message, or None after `timeout` seconds; WorkerDied when the runtime is gone."""
 
     @abstractmethod
@@ -250,26 +249,33 @@ class RemoteWorker(Worker):
         self.ready = False
         self.info: dict = {}  # what the runtime said of itself when ready (host, pid, devices)
         self.restarts = 0  # runtimes started after the first (kills and crashes)
+        self.boot_deaths = 0  # runtimes in a row that ended before they were ready
 
     def is_ready(self) -> bool:
-        """Up and waiting (reads a pending "ready" without blocking)."""
+        """Up and waiting (reads a pending WorkerReady without blocking)."""
         if self.transport is None:
             return False
         if not self.ready:
             try:
-                message = self.transport.receive(0.0)
-            except WorkerDied:  # it died while idle: start a fresh one now
+                self._booting(self.transport.receive(0.0))
+            except WorkerDied:  # it died while booting with no job: start a fresh one now
                 self._discard(kill=True)
+                self.boot_deaths += 1
                 self.start()
                 return False
-            if message is not None and message[0] == "ready":
-                self._note_ready(message)
+            except WorkerStartFailed:  # its runtime cannot be built: the next job that comes tries again
+                logger.exception("the job worker %s could not start", self.name)
+                return False
         return self.ready
 
-    def _note_ready(self, message: tuple) -> None:
-        self.ready = True
-        if len(message) > 1 and isinstance(message[1], dict):
-            self.info = message[1]
+    def _booting(self, message: FromWorker | None) -> None:
+        """Read one message of a runtime that is not ready yet; raises when it ended or cannot start."""
+        if isinstance(message, WorkerReady):
+            self.ready, self.info, self.boot_deaths = True, dict(message.info), 0
+        elif isinstance(message, WorkerFailure) and message.stage == "start":
+            self._discard(kill=True)
+            self.boot_deaths = 0
+            raise WorkerStartFailed(f"the job worker could not start: {message.exception_type}: {message.message}")
 
     def missing_models(self, models: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Asked of the transport (a runtime on another machine has its own model folders)."""
@@ -299,40 +305,58 @@ class RemoteWorker(Worker):
             self.restarts += 1
 
     def _wait_ready(self, control: Any) -> bool:
-        """Wait for ("ready",); False when the job was interrupted meanwhile."""
+        """Wait for WorkerReady; False when the job was interrupted meanwhile. A runtime that ends first
+        is WorkerDied (the job never reached it), until MAX_BOOT_DEATHS in a row make it WorkerStartFailed."""
         while not self.ready:
             try:
-                message = self.transport.receive(POLL_S)
+                self._booting(self.transport.receive(POLL_S))
             except WorkerDied as exc:
                 self._discard(kill=True)
-                raise WorkerStartFailed(f"the job worker could not start: {exc}") from None
-            if message is not None and message[0] == "ready":
-                self._note_ready(message)
-            elif control is not None and control.interrupted:
+                self.boot_deaths += 1
+                if self.boot_deaths >= MAX_BOOT_DEATHS:
+                    self.boot_deaths = 0
+                    raise WorkerStartFailed(f"the job worker could not start: it ended {MAX_BOOT_DEATHS} times "
+                                            f"before it was ready ({exc})") from None
+                raise
+            if not self.ready and control is not None and control.interrupted:
                 return False
         return True
 
-    def run(self, request: JobRequest, control: Any, *, validated: Any = None) -> JobOutcome:
+    def run(self, request: JobRequest, control: Any, *, validated: Any = None,
+            handed_over: HandedOver | None = None) -> JobOutcome:
         """Send the job, relay its events, and return its outcome; kill the runtime if an interrupt is
         not honoured within the grace period (the next job starts a fresh one)."""
         self.start()
         if not self._wait_ready(control):
             return interrupted_outcome(request.prompt_id, "Interrupted", "interrupted before it started")
         transport = self.transport
+        if handed_over is not None:
+            handed_over()
         try:
-            transport.send(("run", request))
+            try:
+                transport.send(RunJob(request))
+            except WorkerDied:
+                raise
+            except Exception as exc:  # the job cannot be encoded for the worker (e.g. nested too deep to pickle)
+                logger.warning("job %s could not be handed to worker %s: %s: %s", request.prompt_id, self.name,
+                               type(exc).__name__, exc)
+                return failure_outcome(request.prompt_id, exception_type=type(exc).__name__,
+                                       message=f"the job could not be handed to its worker: {exc}")
             interrupt_sent_at: float | None = None
             while True:
                 message = transport.receive(POLL_S)
+                if isinstance(message, JobEvent):
+                    self.events.emit(message.event, message.data)
+                    continue
+                if isinstance(message, JobResult):
+                    return message.outcome
+                if isinstance(message, WorkerFailure):
+                    return failure_outcome(request.prompt_id, exception_type=message.exception_type,
+                                           message=f"the worker could not read the job: {message.message}")
                 if message is not None:
-                    kind = message[0]
-                    if kind == "event":
-                        self.events.emit(message[1], message[2])
-                    elif kind == "result":
-                        return message[1]
                     continue
                 if control.interrupted and interrupt_sent_at is None:
-                    transport.send(("interrupt", request.prompt_id))
+                    transport.send(InterruptJob(request.prompt_id))
                     interrupt_sent_at = time.monotonic()
                 elif interrupt_sent_at is not None and time.monotonic() - interrupt_sent_at > self.grace_s:
                     logger.warning("job %s: no check point reached %.1fs after the interrupt; killing its worker",
@@ -351,18 +375,17 @@ class RemoteWorker(Worker):
         if self.transport is None or not self.ready:
             return
         try:
-            self.transport.send(("free", unload_models))
+            self.transport.send(FreeMemory(unload_models))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                message = self.transport.receive(POLL_S)
-                if message is not None and message[0] == "freed":
+                if isinstance(self.transport.receive(POLL_S), MemoryFreed):
                     return
         except WorkerDied:
             self._discard(kill=True)
 
     def stop(self, timeout: float = 30.0) -> None:
         """End the runtime."""
-        transport, self.transport = self.transport, None
+        transport, self.transport, self.ready = self.transport, None, False
         if transport is not None:
             transport.stop(timeout)
 
@@ -394,14 +417,14 @@ class LocalProcessTransport(Transport):
         code = self.process.exitcode if self.process is not None else None
         return WorkerDied(f"the job worker process {reason} (exit code {code})")
 
-    def send(self, message: tuple) -> None:
-        """Send one message down the pipe."""
+    def send(self, message: ToWorker) -> None:
+        """Send one message down the pipe (pickled whole before any byte is written)."""
         try:
             self.connection.send(message)
         except (OSError, EOFError, ValueError):
             raise self._died("is gone") from None
 
-    def receive(self, timeout: float) -> tuple | None:
+    def receive(self, timeout: float) -> FromWorker | None:
         """The next message from the pipe, or None after `timeout`."""
         try:
             if self.connection.poll(timeout):
@@ -424,7 +447,7 @@ class LocalProcessTransport(Transport):
         if self.process is None:
             return
         try:
-            self.connection.send(("stop",))
+            self.connection.send(StopWorker())
         except (OSError, EOFError, ValueError):
             pass
         self.process.join(timeout)
@@ -456,14 +479,14 @@ class WorkerHost:
     def __init__(self, connection: Any, runtime: Any, *, info: dict | None = None) -> None:
         self.connection = connection
         self.runtime = runtime
-        self.info = dict(info or {})  # more to say of itself in ("ready", info)
+        self.info = dict(info or {})  # more to say of itself in WorkerReady
         self.base = getattr(getattr(runtime, "paths", None), "base", None)
         self._send_lock = threading.Lock()
         self.control = None
         self.prompt_id: str | None = None
         runtime.events.subscribe(self._forward)
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: FromWorker) -> None:
         """Send to the server; the server being gone ends this process."""
         try:
             with self._send_lock:
@@ -471,12 +494,12 @@ class WorkerHost:
         except (OSError, EOFError, ValueError):
             os._exit(0)
         except (pickle.PicklingError, TypeError, AttributeError):
-            if message[0] != "event":
+            if not isinstance(message, JobEvent):
                 raise
             import json
 
             # An event carrying something that does not pickle: send what the websocket would show.
-            self.send(("event", message[1], json.loads(json.dumps(message[2], default=repr))))
+            self.send(JobEvent(message.event, json.loads(json.dumps(message.data, default=repr))))
 
     def _forward(self, event: str, data: dict) -> None:
         if event == "preview":
@@ -489,13 +512,13 @@ class WorkerHost:
             data = dict(data, image=encoded)
         elif event == "execution_error" and self.base is not None:
             data = scrub_base(data, self.base)
-        self.send(("event", event, data))
+        self.send(JobEvent(event, data))
 
     def _run(self, request: JobRequest) -> None:
         outcome = run_request(lambda prompt, targets: self.runtime.validate(prompt, partial_targets=targets),
                               self.runtime.executor.run, request, self.control, base=self.base)
         self.prompt_id = None
-        self.send(("result", outcome))
+        self.send(JobResult(outcome))
 
     def serve(self) -> None:
         """Answer the server's messages until it says stop or goes away."""
@@ -503,27 +526,35 @@ class WorkerHost:
 
         from execution.scheduler import JobControl
 
-        self.send(("ready", {"host": socket.gethostname(), "pid": os.getpid(), **self.info}))
+        self.send(WorkerReady({"host": socket.gethostname(), "pid": os.getpid(), **self.info}))
         while True:
             try:
                 message = self.connection.recv()
             except (OSError, EOFError):
                 os._exit(0)  # the server is gone
-            kind = message[0]
-            if kind == "run":
-                request = message[1]
+            except Exception as exc:  # a message this side cannot decode: the job it carried ends with the reason
+                logger.exception("a message from the server could not be read")
+                self.send(WorkerFailure("job", type(exc).__name__, str(exc)))
+                continue
+            if isinstance(message, RunJob):
+                request = message.request
                 self.control, self.prompt_id = JobControl(), request.prompt_id
                 threading.Thread(target=self._run, args=(request,), name="weft-job", daemon=True).start()
-            elif kind == "interrupt":
-                if self.control is not None and self.prompt_id == message[1]:
+            elif isinstance(message, InterruptJob):
+                if self.control is not None and self.prompt_id == message.prompt_id:
                     self.control.interrupt()
-            elif kind == "free":
+            elif isinstance(message, FreeMemory):
                 self.runtime.executor.cache.clear()
-                if message[1] and callable(getattr(self.runtime, "unload_models", None)):
+                if message.unload_models and callable(getattr(self.runtime, "unload_models", None)):
                     self.runtime.unload_models()
-                self.send(("freed",))
-            elif kind == "stop":
+                self.send(MemoryFreed())
+            elif isinstance(message, StopWorker):
                 return
+
+
+def start_failure(exc: BaseException) -> WorkerFailure:
+    """What a runtime that could not be built tells the server before it ends."""
+    return WorkerFailure("start", type(exc).__name__, str(exc))
 
 
 def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
@@ -535,8 +566,12 @@ def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (worker): %(message)s")
     try:
         runtime = recipe.build()
-    except BaseException:
+    except BaseException as exc:
         logger.exception("the job worker could not build its runtime")
+        try:
+            connection.send(start_failure(exc))
+        except (OSError, EOFError, ValueError):
+            pass
         raise
     WorkerHost(connection, runtime).serve()
     connection.close()

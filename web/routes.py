@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from execution.errors import PromptError
-from execution.jobs import API_TO_STORE, Job, workflow_id_of
+from execution.job_store import API_TO_STORE, Job, workflow_id_of
 from execution.paths import MODEL_FOLDERS, UnsafePathError
 from web.files import refuses_os_errors
 from web.object_info import object_info

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from aiohttp import web
 
-from execution.jobs import JobHooks, JobRunner, JobStore
+from execution.job_runner import JobHooks, JobRunner
+from execution.job_store import JobStore
 from execution.placement import model_bytes, named_files
 from execution.worker import LocalProcessTransport, RemoteWorker
 from web.security import SecurityConfig

@@ -4,7 +4,8 @@ from __future__ import annotations
 import threading
 import time
 
-from execution.jobs import JobHooks, JobRunner, JobStore
+from execution.job_runner import JobHooks, JobRunner
+from execution.job_store import JobStore
 from execution.paths import Paths, settle_staged, staging_token
 from execution.placement import Candidate, choose, named_files
 from execution.scheduler import JobControl
@@ -60,7 +61,8 @@ class HeldWorker(Worker):
     def start(self) -> None:
         pass
 
-    def run(self, request, control, *, validated=None) -> JobOutcome:
+    def run(self, request, control, *, validated=None, handed_over=None) -> JobOutcome:
+        handed_over()
         self.ran.append(request.prompt_id)
         self.gates[request.prompt_id].wait(10)
         return JobOutcome("success", profile={"1": {"class_type": "X"}})

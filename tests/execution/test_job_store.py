@@ -1,14 +1,9 @@
-"""The durable job store and its worker: one terminal record per job, recovery after crashes, capped history."""
+"""The durable job store: one terminal record per job, recovery after crashes, capped history, listing."""
 from __future__ import annotations
-
-import threading
-import time
-from dataclasses import dataclass, field
 
 import pytest
 
-from execution.jobs import MAX_ATTEMPTS, JobHooks, JobRunner, JobStore
-from execution.scheduler import JobControl
+from execution.job_store import MAX_ATTEMPTS, JobStore
 
 
 def test_accepted_job_is_on_disk_before_add_returns(tmp_path):
@@ -29,7 +24,8 @@ def test_a_job_gets_exactly_one_terminal_record(tmp_path):
     store.add("a", {}, number=1)
     assert store.finish("a", "success") is False  # not running yet: no record
     claimed = store.claim_next()
-    assert claimed.id == "a" and claimed.status == "running" and claimed.attempts == 1
+    assert claimed.id == "a" and claimed.status == "running" and claimed.attempts == 0  # not gone to a worker yet
+    assert store.begin_attempt("a") and store.get("a").attempts == 1
     assert store.finish("a", "success", outputs={"1": {"images": []}}) is True
     assert store.finish("a", "error") is False
     assert store.cancel_pending(["a"]) == []
@@ -53,7 +49,7 @@ def test_crash_while_running_retries_once_then_marks_interrupted(tmp_path):
     store.add("poison", {}, number=1)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         job = store.claim_next()
-        assert job.id == "poison" and job.attempts == attempt
+        assert job.id == "poison" and store.begin_attempt("poison") and store.get("poison").attempts == attempt
         store.close()  # the process dies here, the job still running
         store = JobStore(path)
         report = store.recover()
@@ -97,82 +93,22 @@ def test_listing_filters_sorts_and_pages(tmp_path):
     assert store.counts() == {"error": 1, "pending": 4}
 
 
-@dataclass
-class FakeResult:
-    status: str
-    outputs: dict = field(default_factory=dict)
-    messages: list = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    error: dict | None = None
-
-
-def _runner(store, run, **hooks) -> JobRunner:
-    return JobRunner(store, JobHooks(validate=lambda prompt, targets: prompt, run=run, make_control=JobControl, **hooks))
-
-
-def _wait(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def test_runner_runs_jobs_in_order_and_records_each(tmp_path):
-    store = JobStore(tmp_path / "jobs.sqlite3")
-    seen, finished = [], []
-
-    def run(validated, *, prompt_id, extra_data, control):
-        seen.append(prompt_id)
-        if prompt_id == "bad":
-            return FakeResult("error", error={"exception_message": "boom"})
-        return FakeResult("success", outputs={"1": {"values": [prompt_id]}})
-
-    runner = _runner(store, run, on_finish=lambda job, status: finished.append((job.id, status)))
-    for name in ("a", "bad", "c"):
-        store.add(name, {"n": name}, number=store.next_number())
-    runner.start()
-    _wait(lambda: len(finished) == 3)
-    runner.stop()
-    assert seen == ["a", "bad", "c"] and finished == [("a", "success"), ("bad", "error"), ("c", "success")]
-    assert store.get("c").outputs == {"1": {"values": ["c"]}} and store.get("bad").error["exception_message"] == "boom"
-
-
-def test_runner_validation_failure_at_run_time_is_an_error_record(tmp_path):
-    store = JobStore(tmp_path / "jobs.sqlite3")
-
-    def validate(prompt, targets):
-        raise ValueError("node type 'Gone' is not installed any more")
-
-    runner = JobRunner(store, JobHooks(validate=validate, run=None, make_control=JobControl))
-    store.add("a", {}, number=1)
-    runner.start()
-    _wait(lambda: store.get("a").status != "pending" and store.get("a").status != "running")
-    runner.stop()
-    job = store.get("a")
-    assert job.status == "error" and "not installed" in job.error["exception_message"]
-
-
-def test_runner_cancel_and_interrupt_and_clean_stop_requeues(tmp_path):
-    store = JobStore(tmp_path / "jobs.sqlite3")
-    started = threading.Event()
-
-    def run(validated, *, prompt_id, extra_data, control):
-        started.set()
-        while not control.interrupted:
-            time.sleep(0.005)
-        return FakeResult("interrupted")
-
-    runner = _runner(store, run)
-    for name in ("long", "waiting", "later"):
-        store.add(name, {}, number=store.next_number())
-    runner.start()
-    assert started.wait(10)
-    assert runner.cancel(["waiting"]) == ["waiting"]
-    assert store.get("waiting").status == "cancelled"
-    assert runner.interrupt("not-running") is False
-    assert runner.interrupt("long") is True
-    _wait(lambda: store.get("long").status == "cancelled")
-    _wait(lambda: runner.current is not None and runner.current.job.id == "later")
-    runner.stop()  # a clean stop puts the running job back, without counting the attempt
-    job = store.get("later")
-    assert job.status == "pending" and job.attempts == 0
+def test_a_crash_before_the_job_reached_a_worker_costs_it_no_attempt(tmp_path):
+    """Issue 32 (10): a kill while a fresh worker boots is not an attempt of the job it had not started."""
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path)
+    store.add("j", {}, number=1)
+    store.claim_next()
+    assert store.begin_attempt("j")  # the first attempt reached a worker, which died with it
+    assert store.release_crashed("j", cause="its worker process died") == "retried"
+    for _ in range(3):  # claimed again, then the server dies while the fresh worker boots, several times
+        assert store.claim_next().id == "j"
+        store.close()
+        store = JobStore(path)
+        assert store.recover() == {"retried": ["j"], "interrupted": []}
+    job = store.get("j")
+    assert job.status == "pending" and job.attempts == 1
+    # A worker that dies while it boots puts the job back without an attempt too.
+    store.claim_next()
+    assert store.requeue("j", counted=False) and store.get("j").attempts == 1
+    assert store.begin_attempt("j") is False  # only a running job gets an attempt
