@@ -403,6 +403,9 @@ class LocalProcessTransport(Transport):
         """Spawn the child; it builds its runtime from the recipe."""
         import multiprocessing
 
+        from execution import isolation
+
+        isolation.protect()  # the child imports Weft with this sys.path before any of its code runs
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
         self.process = context.Process(target=serve_worker, args=(child, self.recipe), name="weft-job-worker")
@@ -588,6 +591,9 @@ def start_failure(exc: BaseException) -> WorkerFailure:
 def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
     """The child process's entry point: build the runtime, then serve jobs over `connection`."""
     _die_with_parent()
+    from execution import isolation
+
+    isolation.protect()  # packs the runtime loads here may reorder sys.path too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (worker): %(message)s")
     try:
         runtime = recipe.build()

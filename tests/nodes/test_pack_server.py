@@ -224,5 +224,5 @@ def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
     image = previews[-1][1]
     assert image.size == (12, 10)
     assert np.abs(np.asarray(image, dtype=int) - [255, 0, 0]).max() <= 2
-    with pytest.raises(AttributeError, match="no attribute 'get_previewer'"):
-        latent_preview.get_previewer
+    with pytest.raises(AttributeError, match="no attribute 'set_preview_method'"):
+        latent_preview.set_preview_method
