@@ -24,9 +24,10 @@ setup-test: $(VENV)/.test
 # The tiny models (Weft's own and, under the released names, what the official H3 templates load, with
 # their example input pictures) are written once; they are made again only when their writers change.
 TINY_STAMP := models/.tiny-written
-$(TINY_STAMP): $(VENV)/.base models/h3/make_tiny.py models/h3/tiny_released.py
+$(TINY_STAMP): $(VENV)/.base models/h3/make_tiny.py models/h3/tiny_released.py execution/templates.py
 	$(PY) -m models.h3.make_tiny
 	$(PY) -m models.h3.make_tiny --released-formats
+	$(PY) main.py templates --write-examples input
 	touch $@
 
 models: setup $(TINY_STAMP)

@@ -592,6 +592,9 @@ def templates_parser() -> argparse.ArgumentParser:
                                      description="List the template names `run` and `validate` accept: Weft's own "
                                                  "(workflows/) and the official ones, grouped as the editor groups them.")
     parser.add_argument("words", nargs="*", help="only names containing every one of these words (e.g. h3)")
+    parser.add_argument("--write-examples", metavar="INPUT_DIR", default=None,
+                        help="instead of listing: write small example pictures under the names the official H3 "
+                             "templates load into INPUT_DIR (a file already there is kept), for the tiny models")
     return parser
 
 
@@ -599,6 +602,10 @@ def command_templates(argv: list[str]) -> int:
     from execution import templates
 
     args = templates_parser().parse_args(argv)
+    if args.write_examples is not None:
+        for path in templates.write_example_inputs(Path(args.write_examples)):
+            print(f"{'example input':60s} {path}")
+        return 0
 
     def wanted(name: str) -> bool:
         return all(word.lower() in name.lower() for word in args.words)

@@ -11,6 +11,7 @@ Torch-free: the server, `main.py run` and `main.py validate` all read templates 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -133,3 +134,28 @@ def example_input_names(words: tuple[str, ...] = ("h3",)) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
+
+
+EXAMPLE_INPUT_SIZE = (96, 64)  # small: the tiny models run the templates at their smallest resolution
+
+
+def write_example_inputs(input_dir: str | os.PathLike) -> list[Path]:
+    """Small example pictures under the names the official H3 templates load, so those templates run on
+    the tiny models as they are. A file already there (a user's own picture) is never replaced."""
+    from PIL import Image, ImageDraw  # a plain image library, not Weft's media/: this only draws placeholders
+
+    written = []
+    for index, name in enumerate(example_input_names()):
+        path = Path(input_dir) / name
+        if path.exists() or "/" in name or "\\" in name:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A different colour and a diagonal band per picture, so a run that mixes them up shows it.
+        hue = (index * 67) % 256
+        image = Image.new("RGB", EXAMPLE_INPUT_SIZE, (hue, 255 - hue, (hue * 3) % 256))
+        ImageDraw.Draw(image).polygon([(0, 40), (40, 0), (70, 0), (0, 64)], fill=(240, 240, 240))
+        tmp = path.with_name(path.name + ".part")
+        image.save(tmp, format="PNG")
+        os.replace(tmp, path)
+        written.append(path)
+    return written

@@ -166,6 +166,23 @@ def test_templates_lists_weft_and_official_templates_grouped():
     assert run_cli("templates", "no_such_words_anywhere").returncode == 1
 
 
+def test_templates_write_examples_writes_the_pictures_the_h3_templates_load_and_keeps_existing_ones(tmp_path):
+    from PIL import Image
+
+    from execution.templates import example_input_names
+
+    names = [n for n in example_input_names() if "/" not in n and "\\" not in n]
+    assert names, "the official H3 templates load example pictures"
+    kept = tmp_path / names[0]
+    kept.write_bytes(b"a user's own picture")
+    done = run_cli("templates", "--write-examples", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert kept.read_bytes() == b"a user's own picture"
+    for name in names[1:]:
+        with Image.open(tmp_path / name) as picture:
+            assert picture.size == (96, 64)
+
+
 def test_validate_and_show_inputs_by_template_name_and_set_by_title_and_subgraph_widget(tmp_path):
     shown = run_cli("validate", "video_minimax_h3_t2v", "--base-directory", tmp_path, "--show-inputs",
                     "--set", "Resolution Selector.megapixels=0.1", "--set", "duration=0.2")

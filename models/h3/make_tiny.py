@@ -164,33 +164,6 @@ def write_tiny(models_dir: str | os.PathLike, *, names: dict[str, str] | None = 
     return written
 
 
-EXAMPLE_INPUT_SIZE = (96, 64)  # small: the tiny models run the templates at their smallest resolution
-
-
-def write_example_inputs(input_dir: str | os.PathLike) -> list[Path]:
-    """Small example pictures under the names the official H3 templates load, so those templates run on
-    the tiny models as they are. A file already there (a user's own picture) is never replaced."""
-    from PIL import Image, ImageDraw
-
-    from execution.templates import example_input_names
-
-    written = []
-    for index, name in enumerate(example_input_names()):
-        path = Path(input_dir) / name
-        if path.exists() or "/" in name or "\\" in name:
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A different colour and a diagonal band per picture, so a run that mixes them up shows it.
-        hue = (index * 67) % 256
-        image = Image.new("RGB", EXAMPLE_INPUT_SIZE, (hue, 255 - hue, (hue * 3) % 256))
-        ImageDraw.Draw(image).polygon([(0, 40), (40, 0), (70, 0), (0, 64)], fill=(240, 240, 240))
-        tmp = path.with_name(path.name + ".part")
-        image.save(tmp, format="PNG")
-        os.replace(tmp, path)
-        written.append(path)
-    return written
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description="Write deterministic tiny H3 weights (random; noise-like output).")
@@ -199,17 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--released-formats", action="store_true",
                         help="write the tiny models under the released H3 file names, in the released formats "
                              "(int8 convrot pruned DiT, int8/fp16 video VAE, weight-normalised fp32 audio VAE, bf16 LoRAs)")
-    parser.add_argument("--input-dir", default=None,
-                        help="with --released-formats: where the official H3 templates' example input pictures "
-                             "are written when absent (default: the input/ folder beside the models folder)")
     args = parser.parse_args(argv)
     if args.released_formats:
         from models.h3.tiny_released import write_released
         for name, path in write_released(args.models_dir).items():
             print(f"{name:60s} {path}")
-        input_dir = Path(args.input_dir) if args.input_dir else Path(args.models_dir).resolve().parent / "input"
-        for path in write_example_inputs(input_dir):
-            print(f"{'example input':60s} {path}")
     else:
         for kind, path in write_tiny(args.models_dir).items():
             print(f"{kind:13s} {path}")
