@@ -1,8 +1,9 @@
 """Weft's command line.
 
     python main.py [server flags]            start the server and the editor (http://127.0.0.1:8188)
-    python main.py run WORKFLOW.json [...]   run a workflow headless (UI or API format)
-    python main.py validate WORKFLOW.json    check a workflow without running it
+    python main.py run WORKFLOW [...]        run a workflow headless (a file, UI or API format, or a template name)
+    python main.py validate WORKFLOW         check a workflow without running it
+    python main.py templates [WORDS]         list the template names `run` and `validate` accept
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from execution.errors import PromptError
 # answers at once: tests/test_main.py checks that printing help imports neither torch nor a node pack.
 
 ROOT = Path(__file__).resolve().parent
+WORKFLOWS_DIR = ROOT / "workflows"  # Weft's own templates; the official ones come from their package
 
 
 # ---------------------------------------------------------------------- arguments
@@ -109,6 +111,11 @@ class Runtime:
 
         self.args = args
         self.paths = paths_from_args(args, create=runs_jobs)
+        group = getattr(args, "rank_group", None)  # a cluster.rank_group.RankSpec when this runtime is one rank
+        if runs_jobs and group is not None:
+            from models import parallel  # before the memory manager: it takes the rank's device
+
+            parallel.join_group(rank=group.rank, size=group.size, address=group.address, timeout_s=group.timeout_s)
         if runs_jobs:
             from media import limits as media_limits
             from models import memory
@@ -180,6 +187,32 @@ def read_workflow_file(path: Path) -> Any:
     return data
 
 
+def read_workflow(source: str | Path) -> Any:
+    """The parsed workflow `source` names: a file when one exists there, else a template by name (Weft's
+    `workflows/` first, then the official package; `.json` optional). PromptError naming both places
+    when it is neither."""
+    from execution import templates
+
+    path = Path(source)
+    if path.exists():
+        return read_workflow_file(path)
+    found = templates.find_template(str(source), WORKFLOWS_DIR)
+    if found is None:
+        names = templates.local_names(WORKFLOWS_DIR) + templates.official_names()
+        similar = templates.similar_names(str(source), names)
+        raise PromptError(
+            "invalid_prompt",
+            f"workflow file {str(source)!r} does not exist, and no template is called that",
+            "templates are looked up in workflows/ and in the official template package "
+            f"({templates.OFFICIAL_PACKAGE}); `python main.py templates` lists them"
+            + (f"; similar names: {', '.join(similar)}" if similar else ""))
+    where, text = found
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptError("invalid_prompt", f"template {where} is not valid JSON", str(exc)) from None
+
+
 def saved_workflow(data: Any) -> Any:
     """The workflow in a parsed file: a saved `/prompt` body (`{"prompt": ...}`) holds it under "prompt"."""
     if isinstance(data, dict) and isinstance(data.get("prompt"), dict) and "nodes" not in data:
@@ -207,38 +240,91 @@ def declared_inputs(node: dict, registry: Registry) -> list[str] | None:
     return list(spec.instance_inputs(spec.normalize_input_names(dict(values))))
 
 
-def parse_set(assignments: list[str], prompt: dict, registry: Registry | None = None) -> None:
-    """Apply `--set NODE_ID.INPUT=VALUE` (VALUE read as JSON when it parses, else as text).
+def _node_by_title(title: str, prompt: dict) -> str | None:
+    """The id of the one prompt node titled `title` (`_meta.title`); PromptError when several are."""
+    found = [node_id for node_id, node in prompt.items()
+             if isinstance(node, dict) and (node.get("_meta") or {}).get("title") == title]
+    if len(found) > 1:
+        raise PromptError("invalid_prompt", f"--set: {len(found)} nodes are titled {title!r}",
+                          f"address one by its id: {', '.join(found)}")
+    return found[0] if found else None
+
+
+def _exposed_matches(target: str, exposed: list) -> list:
+    """Exposed subgraph widgets `target` names: `LABEL`, `NAME`, or either after `INSTANCE_TITLE.` or
+    `INSTANCE_ID.`."""
+    def names(widget) -> set[str]:
+        return {widget.label, widget.name}
+
+    plain = [w for w in exposed if target in names(w)]
+    if plain:
+        return plain
+    qualified = []
+    for i, ch in enumerate(target):
+        if ch == ".":
+            owner, rest = target[:i], target[i + 1:]
+            qualified += [w for w in exposed if rest in names(w) and owner in (w.instance, w.instance_title)]
+    return qualified
+
+
+def parse_set(assignments: list[str], prompt: dict, registry: Registry | None = None,
+              exposed: list | None = None) -> None:
+    """Apply `--set TARGET=VALUE` (VALUE read as JSON when it parses, else as text). TARGET is
+    `NODE.INPUT`, NODE being a node id or a node's title, or the name (or label) of a widget a subgraph
+    exposes (`duration`, optionally `SUBGRAPH_TITLE.duration`), which sets every input it feeds.
 
     With `registry`, an input the node's class does not declare is refused, naming the inputs it has.
     """
+    exposed = exposed or []
     for assignment in assignments:
         target, eq, raw = assignment.partition("=")
-        split = _split_set_target(target, prompt)
-        if not eq or split is None or not split[0] or not split[1]:
-            raise PromptError("invalid_prompt", f"--set {assignment!r}: expected NODE_ID.INPUT=VALUE")
-        node_id, input_name = split
-        if node_id not in prompt:
-            raise PromptError("invalid_prompt", f"--set {assignment!r}: the workflow has no node {node_id!r}",
-                              f"nodes: {', '.join(list(prompt)[:30])}")
+        if not eq or not target:
+            raise PromptError("invalid_prompt", f"--set {assignment!r}: expected NODE.INPUT=VALUE or WIDGET=VALUE")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
         if isinstance(value, list):
             value = {"__value__": value}
-        node = prompt[node_id]
-        if registry is not None:
-            trial = {**node, "inputs": {**(node.get("inputs") or {}), input_name: value}}
-            known = declared_inputs(trial, registry)
-            spec = registry.get(node.get("class_type"))
-            if known is not None and spec.normalize_input_names({input_name: value}).keys() - set(known):
-                raise PromptError(
-                    "invalid_prompt",
-                    f"--set {assignment!r}: node {node_id} ({node.get('class_type')}) has no input {input_name!r}",
-                    f"its inputs: {', '.join(known) or '(none)'}",
-                    extra_info={"node_id": node_id, "class_type": node.get("class_type")})
-        node.setdefault("inputs", {})[input_name] = value
+        for node_id, input_name in _set_targets(assignment, target, prompt, exposed):
+            node = prompt[node_id]
+            if registry is not None:
+                trial = {**node, "inputs": {**(node.get("inputs") or {}), input_name: value}}
+                known = declared_inputs(trial, registry)
+                spec = registry.get(node.get("class_type"))
+                if known is not None and spec.normalize_input_names({input_name: value}).keys() - set(known):
+                    raise PromptError(
+                        "invalid_prompt",
+                        f"--set {assignment!r}: node {node_id} ({node.get('class_type')}) has no input {input_name!r}",
+                        f"its inputs: {', '.join(known) or '(none)'}",
+                        extra_info={"node_id": node_id, "class_type": node.get("class_type")})
+            node.setdefault("inputs", {})[input_name] = value
+
+
+def _set_targets(assignment: str, target: str, prompt: dict, exposed: list) -> list[tuple[str, str]]:
+    """The (node id, input) pairs one --set target addresses (see parse_set)."""
+    split = _split_set_target(target, prompt)
+    if split is not None and split[0] in prompt and split[1]:
+        return [split]
+    for i, ch in enumerate(target):  # a title may hold '.': the first split naming a titled node
+        if ch == "." and i + 1 < len(target):
+            node_id = _node_by_title(target[:i], prompt)
+            if node_id is not None:
+                return [(node_id, target[i + 1:])]
+    widgets = _exposed_matches(target, exposed)
+    if len({(w.instance, w.name) for w in widgets}) > 1:
+        owners = ", ".join(f"{w.instance_title}.{w.label} (instance {w.instance})" for w in widgets)
+        raise PromptError("invalid_prompt", f"--set {assignment!r}: several subgraph widgets are called that",
+                          f"qualify it: {owners}")
+    if widgets:
+        if not widgets[0].targets:
+            raise PromptError("invalid_prompt", f"--set {assignment!r}: widget {widgets[0].label!r} feeds no input")
+        return list(widgets[0].targets)
+    shown = ", ".join(sorted({w.label for w in exposed})[:30])
+    raise PromptError("invalid_prompt", f"--set {assignment!r}: no node id or title, and no subgraph widget, is "
+                      f"called {target.rpartition('.')[0] or target!r}",
+                      f"nodes: {', '.join(list(prompt)[:30])}" + (f"; subgraph widgets: {shown}" if shown else "")
+                      + "; `--show-inputs` lists what can be set")
 
 
 def undeclared_input_warnings(prompt: dict, registry: Registry) -> list[str]:
@@ -305,18 +391,105 @@ class TerminalProgress:
 
 def _workflow_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("workflow", type=Path,
-                        help="a workflow file: UI format (as the editor saves it) or API format (as /prompt takes it)")
-    parser.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
-                        help="override one input before checking, e.g. --set 3.seed=42 (repeatable; VALUE is read "
-                             "as JSON when it parses, else as text; the input must be one the node declares)")
+    parser.add_argument("workflow",
+                        help="a workflow file (UI format, as the editor saves it, or API format, as /prompt takes "
+                             "it) or a template's name (`python main.py templates` lists them)")
+    parser.add_argument("--set", action="append", default=[], metavar="TARGET=VALUE",
+                        help="override one input before checking (repeatable): NODE.INPUT=VALUE with NODE a node id "
+                             "or title (--set 3.seed=42, --set 'Resolution Selector.megapixels=0.1'), or a widget a "
+                             "subgraph exposes by its name (--set duration=1). VALUE is read as JSON when it parses, "
+                             "else as text; `--show-inputs` lists the targets")
+    parser.add_argument("--show-inputs", action="store_true",
+                        help="list the workflow's adjustable inputs (what --set can address) and their values, "
+                             "then stop")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print an error in full (JSON, with a failed node's traceback), not as one line")
     return parser
+
+
+def adjustable_inputs(prompt: dict, exposed: list) -> list[dict[str, Any]]:
+    """What `--set` can address: each widget a subgraph exposes, then each constant input of the nodes
+    outside subgraphs (by node id, with the node's title)."""
+    def now(widget) -> Any:  # the value after any --set: what its first target holds
+        node, name = widget.targets[0]
+        return (prompt.get(node) or {}).get("inputs", {}).get(name, widget.value)
+
+    rows = [{"set": w.label, "value": now(w), "subgraph": w.instance_title,
+             "feeds": [f"{node}.{name}" for node, name in w.targets]} for w in exposed if w.targets]
+    for node_id, node in prompt.items():
+        if ":" in node_id or not isinstance(node, dict):
+            continue
+        title = (node.get("_meta") or {}).get("title") or node.get("class_type")
+        for name, value in (node.get("inputs") or {}).items():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                continue  # a link, not a value
+            rows.append({"set": f"{node_id}.{name}", "value": value, "title": title})
+    return rows
+
+
+def _print_inputs(rows: list[dict[str, Any]], stream=sys.stdout) -> None:
+    width = max((len(r["set"]) for r in rows), default=10)
+    for row in rows:
+        shown = json.dumps(row["value"], default=repr)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        where = f"({row['subgraph']}: {', '.join(row['feeds'])})" if "feeds" in row else f"({row['title']})"
+        print(f"  --set {row['set']:<{width}} = {shown:<60} {where}", file=stream)
+
+
+def format_prompt_error(error: PromptError) -> str:
+    """A workflow that cannot run, for a person: one line for the workflow, one per failing input."""
+    lines = []
+    for node_id, entry in (error.node_errors or {}).items():
+        for item in entry.get("errors") or []:
+            name = (item.get("extra_info") or {}).get("input_name")
+            where = f"node {node_id} ({entry.get('class_type')})" + (f", input {name!r}" if name else "")
+            # A node check's details already say what is wrong; its fixed message would only repeat it.
+            what = item.get("details") or item.get("message")
+            lines.append(f"error: {where}: {what}")
+    if not lines:  # a workflow-level problem: no node to name
+        lines.append(f"error: {error.message}" + (f": {error.details}" if error.details else ""))
+    return "\n".join(lines)
+
+
+def format_run_error(error: dict) -> str:
+    """A run that failed in a node, as one line: the node, its type and what went wrong."""
+    node = error.get("node_id")
+    where = f"node {node} ({error.get('node_type')})" if node is not None else "the run"
+    message = str(error.get("exception_message") or error.get("message") or "failed").strip()
+    return f"error: {where} failed: {message}"
+
+
+def _report_prompt_error(error: PromptError, args: argparse.Namespace) -> None:
+    if getattr(args, "json", False) or args.verbose:
+        print(json.dumps(error.to_json(), indent=None if getattr(args, "json", False) else 2))
+    else:
+        print(format_prompt_error(error), file=sys.stderr)
 
 
 def _validated_workflow(args: argparse.Namespace, runtime: Runtime):
     """Read, override (--set) and validate the workflow; PromptError when it cannot run."""
-    return runtime.prepare(saved_workflow(read_workflow_file(args.workflow)),
-                           adjust=lambda prompt: parse_set(args.set, prompt, runtime.registry))
+    from execution.convert import exposed_widgets
+
+    workflow = saved_workflow(read_workflow(args.workflow))
+    exposed = exposed_widgets(workflow, runtime.registry)
+    return runtime.prepare(workflow, adjust=lambda prompt: parse_set(args.set, prompt, runtime.registry, exposed))
+
+
+def _show_inputs(args: argparse.Namespace, runtime: Runtime) -> int:
+    """`--show-inputs`: the workflow's adjustable inputs (after --set), without validating or running it."""
+    from execution.convert import exposed_widgets, to_api_prompt
+
+    try:
+        workflow = saved_workflow(read_workflow(args.workflow))
+        exposed = exposed_widgets(workflow, runtime.registry)
+        prompt = to_api_prompt(workflow, runtime.registry)
+        parse_set(args.set, prompt, runtime.registry, exposed)
+    except PromptError as error:
+        _report_prompt_error(error, args)
+        return 2
+    print(f"adjustable inputs of {args.workflow}:")
+    _print_inputs(adjustable_inputs(prompt, exposed))
+    return 0
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -350,17 +523,19 @@ def server_parser() -> argparse.ArgumentParser:
 def command_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     try:
-        read_workflow_file(args.workflow)  # a missing or broken file is reported before any set-up
+        read_workflow(args.workflow)  # a missing or broken file is reported before any set-up
     except PromptError as error:
-        print(json.dumps(error.to_json(), indent=None if args.json else 2))
+        _report_prompt_error(error, args)
         return 2
     if args.preview_method is None:
         args.preview_method = "none"  # nobody sees previews on a terminal: skip fitting and drawing them
     runtime = Runtime(args)
+    if args.show_inputs:
+        return _show_inputs(args, runtime)
     try:
         prompt, validated = _validated_workflow(args, runtime)
     except PromptError as error:
-        print(json.dumps(error.to_json(), indent=None if args.json else 2))
+        _report_prompt_error(error, args)
         return 2
     if not args.json:
         runtime.events.subscribe(TerminalProgress(prompt))
@@ -378,7 +553,11 @@ def command_run(argv: list[str]) -> int:
 
         print_profile_table(result, validated.prompt)
         if result.status != "success":
-            print(json.dumps(result.error, indent=2, default=repr))
+            if args.verbose:
+                print(json.dumps(result.error, indent=2, default=repr))
+            else:
+                print(format_run_error(result.error or {}), file=sys.stderr)
+                print("(run again with --verbose for the full error and its traceback)", file=sys.stderr)
         for text in (t for ui in result.outputs.values() for t in ui.get("text", []) if isinstance(t, str)):
             print(f"text: {text[:500]}")
         for path in files:
@@ -389,17 +568,70 @@ def command_run(argv: list[str]) -> int:
 def command_validate(argv: list[str]) -> int:
     args = validate_parser().parse_args(argv)
     try:
-        read_workflow_file(args.workflow)  # a missing or broken file is reported before any set-up
+        read_workflow(args.workflow)  # a missing or broken file is reported before any set-up
         runtime = Runtime(args, runs_jobs=False)
+        if args.show_inputs:
+            return _show_inputs(args, runtime)
         prompt, validated = _validated_workflow(args, runtime)
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=2))
+        if not args.verbose:
+            print(format_prompt_error(error), file=sys.stderr)
         return 2
     warnings = undeclared_input_warnings(prompt, runtime.registry)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps({"valid": True, "outputs": validated.outputs, "node_errors": validated.node_errors,
                       "warnings": warnings}, indent=2))
+    return 0
+
+
+def templates_parser() -> argparse.ArgumentParser:
+    """`main.py templates`'s command line."""
+    parser = argparse.ArgumentParser(prog="main.py templates",
+                                     description="List the template names `run` and `validate` accept: Weft's own "
+                                                 "(workflows/) and the official ones, grouped as the editor groups them.")
+    parser.add_argument("words", nargs="*", help="only names containing every one of these words (e.g. h3)")
+    parser.add_argument("--write-examples", metavar="INPUT_DIR", default=None,
+                        help="instead of listing: write small example pictures under the names the official H3 "
+                             "templates load into INPUT_DIR (a file already there is kept), for the tiny models")
+    return parser
+
+
+def command_templates(argv: list[str]) -> int:
+    from execution import templates
+
+    args = templates_parser().parse_args(argv)
+    if args.write_examples is not None:
+        for path in templates.write_example_inputs(Path(args.write_examples)):
+            print(f"{'example input':60s} {path}")
+        return 0
+
+    def wanted(name: str) -> bool:
+        return all(word.lower() in name.lower() for word in args.words)
+
+    local = [n for n in templates.local_names(WORKFLOWS_DIR) if wanted(n)]
+    if local:
+        print("Weft (workflows/):")
+        for name in local:
+            print(f"  {name}")
+    listed = set()
+    for category in templates.official_categories():
+        names = [e["name"] for e in category.entries if wanted(e["name"]) and e["name"] not in listed]
+        if names:
+            print(f"{category.title} (official):")
+            for entry in category.entries:
+                if entry["name"] in names:
+                    listed.add(entry["name"])
+                    print(f"  {entry['name']:<48} {str(entry.get('title') or '')[:70]}")
+    rest = [n for n in templates.official_names() if wanted(n) and n not in listed]
+    if rest:
+        print("Other (official):")
+        for name in rest:
+            print(f"  {name}")
+    if not (local or listed or rest):
+        print("no template matches " + " ".join(args.words), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -413,8 +645,17 @@ def command_serve(argv: list[str]) -> int:
 
 def worker_pool_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The Ray worker pool --workers / --ray-address ask for, or None (then Ray is never imported)."""
+    ranks = getattr(args, "ranks_per_worker", 1)
+    if ranks < 1:
+        parser.error(f"--ranks-per-worker {ranks}: a worker needs at least one rank")
     if args.workers is None and not args.ray_address:
-        return None
+        if ranks == 1:
+            return None
+        if args.in_process_jobs:
+            parser.error("--ranks-per-worker runs a job on several processes; it cannot be used with --in-process-jobs")
+        from cluster.rank_group import local_group_pool
+
+        return local_group_pool(ranks, timeout_s=args.rank_timeout)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: at least one worker is needed")
     if args.worker_threads is not None and args.worker_threads < 1:
@@ -433,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         return command_run(argv[1:])
     if argv and argv[0] == "validate":
         return command_validate(argv[1:])
+    if argv and argv[0] == "templates":
+        return command_templates(argv[1:])
     return command_serve(argv)
 
 

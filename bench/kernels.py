@@ -15,7 +15,10 @@ a residual epilogue. Built to give a stable figure on a shared, loaded machine:
   - the spread (25th..75th percentile of the per-round ratios) is printed to show how noisy it was.
 First the target comparison alone (4096 x 1024 x 1024: bare, and the fused backends with the rms_norm
 and swiglu prologues; three calls a round, 50 rounds), then every prologue and backend per shape with
-fewer rounds.
+fewer rounds, then the cost of being managed: a resident `models.ops.Linear` (weights taken through a
+configured memory manager, backend chosen as in production) against a bare `torch.nn.functional.linear`
+of the same shape, and against the same backend called directly, at the Linear shapes of the H3 step
+bench/dit_step.py measures (goal: managed <= 1.03x bare), plus the fixed cost per call in microseconds.
 
 Run: .venv/bin/python bench/kernels.py [--quick] [--threads N] [--rounds N] [--spin]
 """
@@ -45,6 +48,10 @@ from kernels.linear import LINEAR, linear_eager  # noqa: E402
 from kernels.prologues import Prologue  # noqa: E402
 
 PROLOGUES = (None, *Prologue)
+MANAGED_TARGET = 1.03  # resident managed Linear / bare F.linear at the H3 step's shapes
+# (tokens, in, out) of the H3 step's Linears at the quarter-width config of bench/dit_step.py (1,060 rows):
+# the fused q/k/v projection, the attention output, the SwiGLU's first and second products.
+H3_STEP_SHAPES = ((1060, 1344, 5376), (1060, 1792, 1344), (1060, 1344, 7168), (1060, 3584, 1344))
 TARGET = 1.10  # compiled / bare, rms_norm and swiglu prologues with a residual, 4096 x 1024 x 1024 float32 (CPU)
 HEADLINE_SHAPE = (4096, 1024)
 HEADLINE_ROUNDS = 50
@@ -140,8 +147,65 @@ def measure(runs: dict, rounds: int, device: torch.device) -> dict:
                       "wall_ratio_iqr": [round(v, 4) for v in quartiles(wall_ratios)[::2]],
                       "cpu_ratio": round(statistics.median(cpu_ratios), 4),
                       "cpu_ratio_iqr": [round(v, 4) for v in quartiles(cpu_ratios)[::2]],
-                      "best_wall_ratio": round(min(wall[key]) / min(wall["bare"]), 4)}
+                      "best_wall_ratio": round(min(wall[key]) / min(wall["bare"]), 4),
+                      "_cpu_all": cpu[key]}
     return stats
+
+
+def managed_overhead(shapes, rounds: int, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Per shape: a resident managed ops.Linear over bare F.linear, and over its own backend called directly."""
+    from models import memory
+    from models.ops import Linear
+
+    manager = memory.MemoryManager(device=device, dtype=dtype, mode="highvram")
+    rows = []
+    for tokens, in_features, out_features in shapes:
+        generator = torch.Generator().manual_seed(3)
+        layer = Linear(in_features, out_features, bias=True).to(device, dtype).requires_grad_(False)
+        x = torch.randn(tokens, in_features, generator=generator).to(device, dtype)
+        weight, bias = layer.weight.detach(), layer.bias.detach()
+        memory.activate(manager)
+        try:
+            layer(x)  # warm-up: makes the copy resident, compiles where the backend compiles
+            chosen = LINEAR.last_backend
+            direct = LINEAR.backend(chosen).fn
+            runs = {"bare": lambda: torch.nn.functional.linear(x, weight, bias),
+                    "managed": lambda: layer(x),
+                    "direct": lambda: direct(x, weight, bias)}
+            for run in runs.values():
+                run()
+            stats = measure(runs, rounds, device)
+        finally:
+            memory.activate(None)
+        managed_vs_direct = [m / d for m, d in zip(stats["managed"]["_cpu_all"], stats["direct"]["_cpu_all"])]
+        rows.append({"tokens": tokens, "in": in_features, "out": out_features, "backend": chosen,
+                     "managed_over_bare_cpu": stats["managed"]["cpu_ratio"],
+                     "managed_over_bare_wall": stats["managed"]["wall_ratio"],
+                     "managed_over_direct_cpu": round(statistics.median(managed_vs_direct), 4),
+                     "bare_cpu_ms": stats["managed"]["bare_cpu_ms"]})
+    return rows
+
+
+def fixed_cost_per_call(device: torch.device, dtype: torch.dtype, calls: int = 3000) -> dict[str, float]:
+    """CPU microseconds per call of a 1-row, 64-feature product: bare F.linear and a resident managed Linear."""
+    from models import memory
+    from models.ops import Linear
+
+    layer = Linear(64, 64).to(device, dtype).requires_grad_(False)
+    one = torch.randn(1, 64).to(device, dtype)
+    weight, bias = layer.weight.detach(), layer.bias.detach()
+    memory.activate(memory.MemoryManager(device=device, dtype=dtype, mode="highvram"))
+    try:
+        fixed = {}
+        for name, run in (("bare", lambda: torch.nn.functional.linear(one, weight, bias)), ("managed", lambda: layer(one))):
+            run()
+            start = time.process_time()
+            for _ in range(calls):
+                run()
+            fixed[name] = round((time.process_time() - start) / calls * 1e6, 1)
+        return fixed
+    finally:
+        memory.activate(None)
 
 
 def print_row(tokens: int, hidden: int, prologue: str | None, backend: str, row: dict) -> None:
@@ -158,6 +222,8 @@ def main() -> None:
                         help="torch threads (default: the cores this process may use)")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"timing rounds of the target comparison (default {HEADLINE_ROUNDS})")
+    parser.add_argument("--managed-only", action="store_true",
+                        help="only the resident managed Linear against bare F.linear (section 3)")
     parser.add_argument("--spin", action="store_true",
                         help="keep OpenMP's default of spinning at barriers (default here: OMP_WAIT_POLICY=PASSIVE)")
     args = parser.parse_args()
@@ -188,14 +254,18 @@ def main() -> None:
               f"{'wall ratio':>10} {'[spread]':>15} {'cpu ratio':>10} {'[spread]':>15}")
     started = time.perf_counter()
 
+    headline, results = {}, []
+    if args.managed_only:
+        headline_rounds, table = 0, []
     # 1. The target comparison alone (bare, and each fused backend with the rms_norm and swiglu
     #    prologues): three calls a round, so many rounds fit and the medians settle.
     tokens, hidden = HEADLINE_SHAPE
     headline_variants = [(prologue, name) for prologue in ("rms_norm", "swiglu") for name in fused]
-    headline_stats = measure(build_runs(tokens, hidden, headline_variants, device, dtype), headline_rounds, device)
-    print(f"target comparison: {tokens} tokens x {hidden} in x {hidden} out, residual epilogue")
-    print(header)
-    headline = {}
+    headline_stats = (measure(build_runs(tokens, hidden, headline_variants, device, dtype), headline_rounds, device)
+                      if headline_rounds else {})
+    if headline_stats:
+        print(f"target comparison: {tokens} tokens x {hidden} in x {hidden} out, residual epilogue")
+        print(header)
     for (prologue, name), row in headline_stats.items():
         print_row(tokens, hidden, prologue, name, row)
         stem = f"{prologue}_{tokens}x{hidden}x{hidden}_{name}"
@@ -203,19 +273,35 @@ def main() -> None:
         headline[f"{stem}_cpu"] = row["cpu_ratio"]
 
     # 2. Every prologue and backend per shape, fewer rounds each.
-    print("all prologues and backends, residual epilogue")
-    print(header)
-    results = []
+    if table:
+        print("all prologues and backends, residual epilogue")
+        print(header)
     for (tokens, hidden), rounds in table:
         variants = [(prologue, name) for prologue in PROLOGUES for name in backends]
         stats = measure(build_runs(tokens, hidden, variants, device, dtype), rounds, device)
         for (prologue, name), row in stats.items():
             print_row(tokens, hidden, prologue, name, row)
             results.append({"tokens": tokens, "hidden": hidden, "prologue": prologue, "epilogue": "residual",
-                            "backend": name, **row})
+                            "backend": name, **{k: v for k, v in row.items() if not k.startswith("_")}})
 
-    met = {}
-    if device.type == "cpu" and "compiled" in backends:
+    # 3. The cost of being managed, at the H3 step's shapes.
+    managed_rounds = 5 if args.quick else 15
+    managed = managed_overhead(H3_STEP_SHAPES[:1] if args.quick else H3_STEP_SHAPES, managed_rounds, device, dtype)
+    print(f"resident managed Linear (models.ops.Linear under a memory manager) at the H3 step's shapes, "
+          f"{managed_rounds} rounds; ratios of CPU time, median over rounds")
+    print(f"{'tokens':>6} {'in':>5} {'out':>5} {'backend':>9} {'bare ms':>8} {'managed/bare':>13} {'managed/direct':>15}")
+    for row in managed:
+        print(f"{row['tokens']:>6} {row['in']:>5} {row['out']:>5} {row['backend']:>9} {row['bare_cpu_ms']:>8.1f} "
+              f"{row['managed_over_bare_cpu']:>12.3f}x {row['managed_over_direct_cpu']:>14.3f}x")
+    fixed = fixed_cost_per_call(device, dtype)
+    print(f"fixed cost per call (1 row x 64 features, CPU time): bare F.linear {fixed['bare']:.1f} us, "
+          f"managed Linear {fixed['managed']:.1f} us")
+    managed_met = all(row["managed_over_bare_cpu"] <= MANAGED_TARGET for row in managed)
+    print(f"target managed <= {MANAGED_TARGET:.2f}x bare F.linear at every H3 step shape: "
+          f"{'met' if managed_met else 'NOT met'}")
+
+    met = {"managed_linear": managed_met}
+    if device.type == "cpu" and "compiled" in backends and headline:
         for prologue in ("rms_norm", "swiglu"):
             stem = f"{prologue}_{HEADLINE_SHAPE[0]}x{HEADLINE_SHAPE[1]}x{HEADLINE_SHAPE[1]}_compiled"
             wall_ok = headline[f"{stem}_wall"] <= TARGET
@@ -228,7 +314,8 @@ def main() -> None:
     print(json.dumps({"bench": "kernels", "device": str(device), "gpu": device.type == "cuda",
                       "dtype": str(dtype).removeprefix("torch."), "threads": threads, "omp_wait_policy": wait_policy,
                       "load_average": round(load, 2), "target": TARGET, "target_met": met,
-                      "headline_rounds": headline_rounds, "headline": headline, "results": results}))
+                      "headline_rounds": headline_rounds, "headline": headline, "results": results,
+                      "managed_target": MANAGED_TARGET, "managed": managed, "fixed_us_per_call": fixed}))
 
 
 if __name__ == "__main__":

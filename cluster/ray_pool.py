@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import ray
 
+from cluster.rank_group import RankGroupTransport, free_local_address
 from execution.events import EventBus
 from execution.paths import STAGING_PREFIX, atomic_write_bytes, confine, next_output_name, staging_token
 from execution.placement import named_files
@@ -240,7 +241,8 @@ class RayTransport(Transport):
 
     def __init__(self, actor_class: Any, recipe: RuntimeRecipe, name: str, paths: Any, *,
                  options: dict, scratch_root: str | None, threads: int | None,
-                 media_of: Callable[[dict], list[tuple[str, str]]]) -> None:
+                 media_of: Callable[[dict], list[tuple[str, str]]], keep_files: bool = True) -> None:
+        self.keep_files = keep_files  # False: a rank other than 0 of a group, whose files are not the job's
         self.actor_class = actor_class
         self.recipe = recipe
         self.name = name
@@ -306,7 +308,8 @@ class RayTransport(Transport):
                 self.messages.put(message)  # it stays dead for every later call
                 raise WorkerDied(f"the Ray worker {self.name} ended ({message.reason})")
             if isinstance(message, OutputFiles):
-                self._write_files(message.files)
+                if self.keep_files:
+                    self._write_files(message.files)
                 wait = 0.0
                 continue
             if isinstance(message, JobEvent) and message.event == "executed":
@@ -371,6 +374,88 @@ class RayTransport(Transport):
     def pid(self) -> int:
         """The actor's process id."""
         return ray.get(self.actor.pid.remote(), timeout=30)
+
+
+# ---------------------------------------------------------------------- rank groups of actors
+class RayRankGroup(RankGroupTransport):
+    """A rank group of Ray actors: one placement group of N bundles on one machine (STRICT_PACK), one actor
+    per bundle; rank 0's actor speaks for the group (cluster/rank_group.py has the rules)."""
+
+    def __init__(self, recipe: RuntimeRecipe, size: int, name: str, paths: Any, *, timeout_s: float,
+                 bundle: dict, scratch_root: str | None, threads: int | None,
+                 media_of: Callable[[dict], list[tuple[str, str]]]) -> None:
+        super().__init__(recipe, size, timeout_s=timeout_s, private_folders=False)
+        self.name, self.paths, self.bundle = name, paths, bundle
+        self.scratch_root, self.threads, self.media_of = scratch_root, threads, media_of
+        self.group = None
+
+    def start(self) -> None:
+        """Reserve the group's bundles (waits until the cluster has them), then start one actor per rank."""
+        from ray.util.placement_group import placement_group
+
+        self.group = placement_group([dict(self.bundle) for _ in range(self.size)], strategy="STRICT_PACK")
+        ray.get(self.group.ready())
+        super().start()
+
+    def rendezvous(self) -> str:
+        """The group's machine (every bundle is on it), at a port free on the server's machine now."""
+        from ray.util.placement_group import placement_group_table
+
+        node_id = placement_group_table(self.group)["bundles_to_node_id"][0]
+        host = next((node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == node_id), "127.0.0.1")
+        return f"tcp://{host}:{free_local_address().rsplit(':', 1)[1]}"
+
+    def rank_transport(self, rank: int, recipe: RuntimeRecipe) -> Transport:
+        """The actor of rank `rank`, scheduled into its bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = {"num_cpus": self.bundle.get("CPU", 0), "num_gpus": self.bundle.get("GPU", 0),
+                   "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                       placement_group=self.group, placement_group_bundle_index=rank)}
+        return RayTransport(WorkerActor, recipe, f"{self.name}-rank{rank}", self.paths, options=options,
+                            scratch_root=self.scratch_root, threads=self.threads, media_of=self.media_of,
+                            keep_files=rank == 0)
+
+    def _release_group(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                remove_placement_group(group)
+            except Exception:  # Ray already gone
+                pass
+
+    def kill(self) -> None:
+        """Kill every actor and give the bundles back."""
+        super().kill()
+        self._release_group()
+
+    def stop(self, timeout: float) -> None:
+        """Stop every actor and give the bundles back."""
+        super().stop(timeout)
+        self._release_group()
+
+
+def ray_group_pool(runtime: Any, recipes: list[RuntimeRecipe], ranks: int, *, timeout_s: float,
+                   grace_s: float = DEFAULT_INTERRUPT_GRACE_S, gpus_per_rank: float = 0.0, cpus_per_rank: float = 1.0,
+                   threads: int | None = None, scratch_root: str | None = None,
+                   shutdown: Callable[[], None] | None = None) -> WorkerPool:
+    """One rank group of `ranks` Ray actors per recipe (Ray must be initialised), relaying rank 0's events."""
+    bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {})}
+
+    def media_of(prompt: dict) -> list[tuple[str, str]]:
+        return list(named_files(prompt, runtime.registry, runtime.paths).media)
+
+    workers = []
+    for index, recipe in enumerate(recipes):
+        name = f"ray-group-{index}"
+        workers.append(RemoteWorker(
+            lambda recipe=recipe, name=name: RayRankGroup(recipe, ranks, name, runtime.paths, timeout_s=timeout_s,
+                                                          bundle=bundle, scratch_root=scratch_root, threads=threads,
+                                                          media_of=media_of),
+            runtime.events, grace_s=grace_s, name=name, kind=f"ray rank group of {ranks} actors"))
+    return WorkerPool(workers, close=shutdown)
 
 
 # ---------------------------------------------------------------------- the pool
@@ -474,11 +559,21 @@ def pool_from_args(args: argparse.Namespace) -> Callable[[Any, Any], WorkerPool]
         if config.worker_recipe is None:
             raise ValueError("Ray workers build their runtime from the server's recipe; none was given")
         local_count = args.workers or 1
-        shutdown = start_ray(args.ray_address, num_cpus=None if args.ray_address else max(local_count, os.cpu_count() or 1),
+        shutdown = start_ray(args.ray_address, num_cpus=None if args.ray_address
+                             else max(local_count * getattr(args, "ranks_per_worker", 1), os.cpu_count() or 1),
                              record_dir=runtime.paths.user)
         gpus = float(ray.cluster_resources().get("GPU", 0))
         per_worker = args.worker_gpus if args.worker_gpus is not None else (1.0 if gpus else 0.0)
         count = args.workers or (max(1, int(gpus // per_worker)) if per_worker else 1)
+        ranks = getattr(args, "ranks_per_worker", 1)
+        if ranks > 1:
+            # Each worker is a group of `ranks` actors with `per_worker` GPUs each.
+            count = args.workers or (max(1, int(gpus // (per_worker * ranks))) if per_worker else 1)
+            logger.info("%d Ray rank group(s) of %d actors, %g GPU each, on %s", count, ranks, per_worker,
+                        args.ray_address or "a local Ray")
+            return ray_group_pool(runtime, [config.worker_recipe] * count, ranks, timeout_s=args.rank_timeout,
+                                  grace_s=config.interrupt_grace_s, gpus_per_rank=per_worker,
+                                  threads=args.worker_threads, shutdown=shutdown)
         logger.info("%d Ray worker(s), %g GPU each, on %s", count, per_worker, args.ray_address or "a local Ray")
         return ray_pool(runtime, [config.worker_recipe] * count, grace_s=config.interrupt_grace_s,
                         gpus_per_worker=per_worker, threads=args.worker_threads,

@@ -18,7 +18,7 @@ class ExecutionInterrupted(Exception):
 T = TypeVar("T")
 
 DEFAULT_MAX_LOOP_ITERATIONS = 10_000
-DEFAULT_PREVIEW_METHOD = "auto"  # the server's; `main.py run` asks for none (nodes/preview_settings.py)
+DEFAULT_PREVIEW_METHOD = None  # no method set: only jobs that ask get previews (nodes/preview_settings.py)
 DEFAULT_PREVIEW_SIZE = 512
 
 
@@ -32,7 +32,7 @@ class Services:
     SETTINGS = ("max_loop_iterations", "preview_method", "preview_size")
 
     def __init__(self, *, max_loop_iterations: int = DEFAULT_MAX_LOOP_ITERATIONS,
-                 preview_method: str = DEFAULT_PREVIEW_METHOD, preview_size: int = DEFAULT_PREVIEW_SIZE) -> None:
+                 preview_method: str | None = DEFAULT_PREVIEW_METHOD, preview_size: int = DEFAULT_PREVIEW_SIZE) -> None:
         self.max_loop_iterations = max_loop_iterations  # loops refuse more iterations than this
         self.preview_method = preview_method  # how samplers draw live previews (nodes.preview_settings)
         self.preview_size = preview_size  # the long side of a live preview, in pixels
@@ -62,6 +62,11 @@ def _drop(event: str, data: dict) -> None:
     return None
 
 
+# The key of a `progress` event's data that carries the step's text and preview events (see send_progress);
+# the executor takes it out before anyone else sees the event.
+SHOWN_KEY = "shown_with_step"
+
+
 class RunContext:
     """One node call's view of its job (a plain slotted class: one is made per node call)."""
 
@@ -89,21 +94,34 @@ class RunContext:
 
     def progress(self, value: float, total: float, *, text: str | None = None, preview: Any = None) -> None:
         """Report progress (and optionally a progress text or a preview image); checks interruption."""
-        self.emit("progress", {
-            "value": value, "max": total, "prompt_id": self.prompt_id, "node": self.node_id,
-            "display_node": self.display_node_id,
-        })
-        self.show(text=text, preview=preview)
+        self.send_progress(value, total, text=text, preview=preview)
         self.check_interrupted()
+
+    def send_progress(self, value: float, total: float, *, text: str | None = None, preview: Any = None) -> None:
+        """Report progress without checking interruption (for a node's helper threads). A text or preview
+        travels inside the `progress` event, so the executor can send them in ComfyUI's order within a step:
+        `progress_state`, then the preview, then `progress`."""
+        data = {"value": value, "max": total, "prompt_id": self.prompt_id, "node": self.node_id,
+                "display_node": self.display_node_id}
+        shown = self._shown(text, preview)
+        if shown:
+            data[SHOWN_KEY] = shown
+        self.emit("progress", data)
 
     def show(self, *, text: str | None = None, preview: Any = None) -> None:
         """Send a progress text and/or a preview image for this node, without a progress update."""
+        for event, data in self._shown(text, preview):
+            self.emit(event, data)
+
+    def _shown(self, text: str | None, preview: Any) -> list[tuple[str, dict]]:
+        shown = []
         if text is not None:
-            self.emit("progress_text", {"node": self.display_node_id, "text": text, "prompt_id": self.prompt_id})
+            shown.append(("progress_text", {"node": self.display_node_id, "text": text, "prompt_id": self.prompt_id}))
         if preview is not None:
-            self.emit("preview", {"node": self.node_id, "display_node": self.display_node_id,
-                                  "prompt_id": self.prompt_id, "image": preview,
-                                  "parent_node": self.parent_node_id, "real_node_id": self.real_node_id})
+            shown.append(("preview", {"node": self.node_id, "display_node": self.display_node_id,
+                                      "prompt_id": self.prompt_id, "image": preview,
+                                      "parent_node": self.parent_node_id, "real_node_id": self.real_node_id}))
+        return shown
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("weft_run_context", default=None)

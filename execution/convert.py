@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from execution.errors import PromptError
 from execution.spec import AUTOGROW, DYNAMIC_COMBO, InputSpec, Registry, missing_cause_text, widget_inputs
 
-__all__ = ["is_ui_workflow", "to_api_prompt", "ui_to_api"]
+__all__ = ["ExposedWidget", "exposed_widgets", "is_ui_workflow", "to_api_prompt", "ui_to_api"]
 
 MODE_MUTED = 2  # LiteGraph "never"
 MODE_BYPASS = 4
@@ -116,6 +116,29 @@ class _Value:
     """A resolved input that is a plain value (a PrimitiveNode's or a subgraph instance's widget)."""
 
     value: Any
+    widget: tuple[str, str] | None = None  # (instance exec id, subgraph input name) when an instance's widget
+
+
+@dataclass
+class ExposedWidget:
+    """A widget a subgraph instance shows the user, and the prompt inputs its value reaches."""
+
+    instance: str  # the instance's exec id ("140"; nested instances chain: "140:12")
+    instance_title: str
+    name: str  # the subgraph input's name (`value_1`)
+    label: str  # what the editor shows (`duration`; the name when the input has no label)
+    value: Any
+    targets: list[tuple[str, str]] = field(default_factory=list)  # (prompt node id, input name)
+
+
+def exposed_widgets(workflow: Mapping[str, Any], registry: Registry) -> list[ExposedWidget]:
+    """Every widget the subgraph instances of a UI workflow expose, with the prompt inputs each one feeds
+    (what `main.py run --set duration=2` addresses). Empty for an API prompt."""
+    if not is_ui_workflow(workflow):
+        return []
+    converter = _Converter(workflow, registry)
+    converter.run()
+    return list(converter.exposed.values())
 
 
 @dataclass(frozen=True)
@@ -294,6 +317,7 @@ class _Converter:
         self.scopes: dict[tuple[str, ...], _Scope] = {}
         self.prompt: dict[str, dict[str, Any]] = {}
         self.missing: list[tuple[str, str, str]] = []  # (exec id, class type, title)
+        self.exposed: dict[tuple[str, str], ExposedWidget] = {}  # (instance exec id, input name) -> widget
 
     # -------------------------------------------------------------- flattening
     def run(self) -> dict[str, dict[str, Any]]:
@@ -429,6 +453,8 @@ class _Converter:
                 continue  # nothing executable upstream: a widget keeps its own value
             if isinstance(resolved, _Value):
                 inputs[ui_inp["name"]] = _wrap(resolved.value)
+                if resolved.widget in self.exposed:
+                    self.exposed[resolved.widget].targets.append((exec_id, ui_inp["name"]))
             else:
                 inputs[ui_inp["name"]] = [resolved.node_id, resolved.slot]
 
@@ -499,7 +525,12 @@ class _Converter:
             if isinstance(inst_inp, Mapping) and inst_inp.get("name") == name and inst_inp.get("link") is not None:
                 return self._resolve_input(scope.parent, instance_id, instance, slot, want_type, visited)
         if name in scope.instance_widgets:
-            return _Value(scope.instance_widgets[name])
+            key = (":".join(scope.path), name)
+            if key not in self.exposed:
+                label = def_inputs[def_slot].get("label") or name
+                title = instance.get("title") or scope.graph.definition.get("name") or instance_id
+                self.exposed[key] = ExposedWidget(key[0], str(title), name, str(label), scope.instance_widgets[name])
+            return _Value(scope.instance_widgets[name], key)
         return None
 
     def _resolve_output(self, scope: _Scope, node_id: str, node: dict, slot: int, want_type: Any,

@@ -15,6 +15,9 @@ EVENT_TYPES = (
     # A node pack's own websocket message, already in its wire form: {"sid": client id or None (every
     # client), "frame": JSON text or binary frame bytes} (nodes/pack_server.py).
     "server_message",
+    # A log line of a job worker (process or Ray actor), relayed so the server logs it: {"prompt_id", "level",
+    # "name", "message"}. Never a websocket frame: the server's log (terminal and logs panel) shows it.
+    "log",
 )
 
 Subscriber = Callable[[str, dict[str, Any]], None]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from execution.failure import RunFailure
-from execution.graph import Link, PromptNode, is_link_value, parse_input_value
+from execution.graph import CycleError, Link, PromptNode, is_link_value, parse_input_value
 from execution.readiness import RELEASED, Readiness, Slot
 
 
@@ -44,7 +44,11 @@ class Expansion:
                 raise RunFailure.node_raised(
                     node, RuntimeError(f"expansion node id {new_id!r} is already in the graph"))
         new_ids = [self._add_child(node, child, body, renamed) for child, body in graph.items()]
-        self.readiness.sign(new_ids)  # the expansion's own nodes, sorted; outer sources are known
+        try:
+            self.readiness.sign(new_ids)  # the expansion's own nodes, sorted; outer sources are known
+        except CycleError as cycle:  # the node that expanded is the one a client can point at
+            raise RunFailure.node_raised(node, RuntimeError(
+                f"its expansion has a dependency cycle: {' -> '.join(cycle.labels)}")) from None
         template = []
         targets = set()
         for values in outputs:

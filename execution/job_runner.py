@@ -447,6 +447,9 @@ class JobRunner:
             status = {"success": JobState.SUCCESS, "interrupted": JobState.CANCELLED}.get(outcome.status,
                                                                                           JobState.ERROR)
         profile = {"worker": slot.name, "nodes": outcome.profile}  # the profile table names who ran it
+        ranks = slot.worker.describe().get("rank_processes")
+        if ranks:  # a rank group ran it: which ranks (rank 0's nodes are the profile)
+            profile["ranks"] = ranks
         recorded = self.store.finish(job.id, status, outputs=outcome.outputs,
                                      messages=[list(m) for m in outcome.messages], meta=outcome.meta,
                                      error=outcome.error, profile=profile)

@@ -50,8 +50,13 @@ class NodeCaller:
         node, spec = slot.node, slot.spec
         gathered: dict[str, list[Any]] = {}
         unevaluated: list[str] = []
-        for name, inp in spec.instance_inputs(node.inputs).items():
-            if inp.kind == "hidden":
+        declared = spec.instance_inputs(node.inputs)
+        # Linked inputs the node does not declare are passed too (ComfyUI does: a variadic node's editor
+        # script grows `input2`, `input3`, ... and its execute takes **kwargs); constants are not.
+        undeclared = [(name, None) for name, value in node.inputs.items()
+                      if name not in declared and type(value) is Link]
+        for name, inp in [*declared.items(), *undeclared]:
+            if inp is not None and inp.executor_supplied:
                 gathered[name] = [self._hidden(node, inp.type)]
                 continue
             if name not in node.inputs:

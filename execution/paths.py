@@ -19,6 +19,9 @@ class UnsafePathError(ValueError):
     """A file name from outside that would leave its folder."""
 
 
+PREVIEW_FILE_PREFIX = "ComfyUI_temp_"  # provenance: interface (PreviewImage's temporary files, as ComfyUI names them)
+
+
 def unusable_character(name: str) -> str | None:
     """The first character of `name` that has no place in a file name, or None.
 

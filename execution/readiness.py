@@ -90,9 +90,10 @@ class Readiness:
         fingerprint = spec.fingerprint
         if fingerprint is None:
             return node.salt
-        constants = {k: v for k, v in node.inputs.items() if type(v) is not Link}
+        # Linked inputs have no value yet: ComfyUI passes them as None, so a hook naming one still runs.
+        arguments = {k: (None if type(v) is Link else v) for k, v in node.inputs.items()}
         try:
-            mark = fingerprint(**spec.group_arguments(constants))
+            mark = fingerprint(**spec.group_arguments(arguments))
         except Exception:  # a failing fingerprint means "cannot tell": always run
             mark = float("nan")
         if node.salt is None or (isinstance(mark, float) and mark != mark):

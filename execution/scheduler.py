@@ -175,12 +175,16 @@ class _Job:
 
     def emit(self, event: str, data: dict) -> None:
         """Send an event to the bus (and keep the status ones in the result's messages). A node's
-        `progress` is preceded by the `progress_state` it changes, as ComfyUI sends them."""
+        `progress` is preceded by the `progress_state` it changes and by the step's text and preview
+        (carried inside it), in ComfyUI's order: progress_state, preview, progress."""
+        shown = data.pop(run_context.SHOWN_KEY, ()) if event == "progress" else ()
         if event in _RECORDED:
             self.result.messages.append((event, data))
         if self.bus.active:
             if event == "progress":
                 self.progress.updated(data["node"], data["value"], data["max"])
+                for shown_event, shown_data in shown:  # the step's text and preview, between the two
+                    self.bus.emit(shown_event, shown_data)
             self.bus.emit(event, data)
 
     def __str__(self) -> str:

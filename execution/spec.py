@@ -91,6 +91,12 @@ class InputSpec:
         return bool(self.options.get("lazy"))
 
     @property
+    def executor_supplied(self) -> bool:
+        """Whether the executor supplies this input's value (a hidden value such as UNIQUE_ID); a hidden
+        input of any other type is an ordinary input the editor does not show, valued by the prompt."""
+        return self.kind == "hidden" and self.type in HIDDEN_VALUES
+
+    @property
     def is_widget(self) -> bool:
         """Whether the editor shows this input as a widget holding a value (a dynamic combo is one)."""
         if self.kind == "hidden":
@@ -174,6 +180,13 @@ class NodeSpec:
     essentials_category: str | None = None  # where the editor's Essentials tab lists the node, if it does
     # Names of inputs the validate_inputs hook takes whole (no per-value check), as ComfyUI does.
     validate_takes: frozenset[str] = frozenset()
+    # The validator names `input_types`: it gets {input: linked output's type} and checks link types
+    # itself, so validation does not (ComfyUI's rule).
+    validate_takes_types: bool = False
+    # Declared by a pack written for ComfyUI: registration accepts what ComfyUI accepts (option keys it
+    # does not know, defaults outside their bounds or choices, hidden inputs that are ordinary inputs the
+    # editor does not show). Weft's own nodes are checked strictly.
+    lenient: bool = False
 
     def __post_init__(self):
         self.inputs = tuple(self.inputs)
@@ -219,9 +232,11 @@ class NodeSpec:
         if not isinstance(spec.type, str) or not spec.type:
             self._fail(f"input '{label}'", f"type must be a non-empty string, got {spec.type!r}")
         if spec.kind == "hidden":
-            if spec.type not in HIDDEN_VALUES:
+            if spec.type not in HIDDEN_VALUES and not self.lenient:
                 self._fail(f"input '{label}'", f"unknown hidden value {spec.type!r}; known: {sorted(HIDDEN_VALUES)}")
             return
+        if self.lenient:
+            return self._check_dynamic(spec, label)
         unknown = set(spec.options) - UI_OPTION_KEYS
         if unknown:
             self._fail(f"input '{label}'", f"unknown option(s) {sorted(unknown)}")
@@ -242,6 +257,9 @@ class NodeSpec:
             picked = default if opts.get("multiselect") and isinstance(default, list) else [default]
             if spec.choices is not None and any(item not in choices for item in picked):
                 self._fail(f"input '{label}'", f"default {default!r} is not among its choices")
+        self._check_dynamic(spec, label)
+
+    def _check_dynamic(self, spec: InputSpec, label: str) -> None:
         if spec.type == DYNAMIC_COMBO:
             if not spec.dynamic_options:
                 self._fail(f"input '{label}'", "dynamic combo has no options")

@@ -39,8 +39,16 @@ class NodeOutput:
         return cls(tuple(values), ui, expand)
 
 
+def _compares_itself(type_name: Any) -> bool:
+    return isinstance(type_name, str) and type(type_name).__ne__ is not str.__ne__
+
+
 def types_compatible(source: str, target: str) -> bool:
-    """ComfyUI's link typing: `*` matches all, comma lists are unions, match-type accepts all."""
+    """ComfyUI's link typing: `*` matches all, comma lists are unions, match-type accepts all; a type
+    string whose class defines its own `!=` (a pack's "any of these" type) is accepted when that `!=`
+    says equal, as ComfyUI asks `!=` first; otherwise the union rule decides."""
+    if (_compares_itself(source) or _compares_itself(target)) and not (source != target):
+        return True
     if source == target or source == "*" or target == "*" or target == MATCH_TYPE or source == MATCH_TYPE:
         return True
     source_set = {s.strip() for s in str(source).split(",")}

@@ -95,7 +95,7 @@ class ValidationMemo:
             settings = marshal.dumps(sorted((options or {}).items()), 2)
         except (ValueError, TypeError):
             return None
-        return (blob, settings, tuple(str(t) for t in partial_targets or ()), registry,
+        return (blob, settings, None if partial_targets is None else tuple(str(t) for t in partial_targets), registry,
                 registry.generation, tuple(registry.graph_checks))
 
     def get(self, key: tuple, data: dict) -> ValidatedPrompt | None:
@@ -189,7 +189,7 @@ class _NodeChecker:
         takes = spec.validate_takes if spec.validate_inputs is not None else ()
         before = len(self.errors.get(node.id, ()))
         for name, inp in flat.items():
-            if inp.kind == "hidden":
+            if inp.executor_supplied:
                 continue
             value = node.inputs.get(name)
             if name not in node.inputs or value is None:
@@ -201,7 +201,7 @@ class _NodeChecker:
                         input_name=name, input_config=_config_json(inp)))
                 continue
             if type(value) is Link:
-                self.check_link(node, name, inp, value)
+                self.check_link(node, name, inp, value, check_type=not spec.validate_takes_types)
             elif type(value) is MalformedLink:
                 self.fail(node, node_error("bad_linked_input", f"Node {node.label}: input '{name}' has a malformed link",
                                            f"{name}: received {value.raw!r}; a link is [node_id, output_index]",
@@ -216,7 +216,7 @@ class _NodeChecker:
             self.custom_validation(node, spec)
         return len(self.errors.get(node.id, ())) == 0
 
-    def check_link(self, node: PromptNode, name: str, inp: InputSpec, link: Link) -> None:
+    def check_link(self, node: PromptNode, name: str, inp: InputSpec, link: Link, *, check_type: bool = True) -> None:
         source = self.prompt.nodes.get(link.node)
         if source is None:
             self.fail(node, node_error(
@@ -236,7 +236,7 @@ class _NodeChecker:
                 input_config=_config_json(inp), received_value=link.to_json()))
             return
         source_type = source_spec.outputs[link.output].type
-        if not types_compatible(source_type, inp.type):
+        if check_type and not types_compatible(source_type, inp.type):
             self.fail(node, node_error(
                 "return_type_mismatch",
                 f"Node {node.label}: input '{name}' expects {inp.type} but node {source.label} output "
@@ -296,12 +296,19 @@ class _NodeChecker:
     def custom_validation(self, node: PromptNode, spec: NodeSpec) -> None:
         takes = spec.validate_takes
         kwargs = {}
+        linked_types = {}
         for name, value in node.inputs.items():
             if type(value) is Link:
                 if name in takes:
                     kwargs[name] = None
+                source = self.prompt.nodes.get(value.node)
+                source_spec = self.registry.get(source.class_type) if source is not None else None
+                if source_spec is not None and 0 <= value.output < len(source_spec.outputs):
+                    linked_types[name] = source_spec.outputs[value.output].type
                 continue
             kwargs[name] = value
+        if spec.validate_takes_types:
+            kwargs["input_types"] = linked_types
         try:
             result = spec.validate_inputs(**spec.group_arguments(kwargs))
         except Exception as exc:  # a validator that raises is reported, never crashes validation
@@ -437,7 +444,7 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
         if spec.output_node:
             outputs.append(node_id)
         reusable = reusable and spec.validation_is_pure
-    if partial_targets:
+    if partial_targets is not None:  # an empty list selects nothing, so the prompt has no outputs
         unknown = [t for t in partial_targets if str(t) not in prompt.nodes]
         if unknown:
             raise PromptError("invalid_prompt", "Partial execution targets name unknown nodes", f"unknown: {unknown}")
@@ -472,11 +479,14 @@ def _validate(data: Any, registry: Registry, partial_targets: list[str] | None, 
                                 "class_type": prompt.nodes[nid].class_type if nid in prompt.nodes else None}
     if not good:
         first = next(iter(node_errors.values()))["errors"][0] if node_errors else None
-        # Clients read this top-level message as ComfyUI words it (some match on it where `type` is absent).
+        # Clients read this top-level message as ComfyUI words it (some match on it where `type` is absent);
+        # the details say what is wrong: the first error's message and its details.
+        summary = (f"{first['message']}: {first['details']}" if first.get("details") else first["message"]) \
+            if first else ""
         raise PromptError(
             "prompt_outputs_failed_validation",
             "Prompt outputs failed validation",  # provenance: interface
-            first["message"] if first else "", node_errors=node_errors)
+            summary, node_errors=node_errors)
     # The declared graph rewrites (execution.rewrite) give the graph that runs; `prompt` stays as checked.
     runs = rewrite_prompt(prompt, registry, options)
     return ValidatedPrompt(runs, good, node_errors, order, reusable=reusable)

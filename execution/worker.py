@@ -403,6 +403,9 @@ class LocalProcessTransport(Transport):
         """Spawn the child; it builds its runtime from the recipe."""
         import multiprocessing
 
+        from execution import isolation
+
+        isolation.protect()  # the child imports Weft with this sys.path before any of its code runs
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
         self.process = context.Process(target=serve_worker, args=(child, self.recipe), name="weft-job-worker")
@@ -482,6 +485,7 @@ class WorkerHost:
         self.control = None
         self.prompt_id: str | None = None
         runtime.events.subscribe(self._forward)
+        _LogForwarder.install(self)
 
     def send(self, message: FromWorker) -> None:
         """Send to the server; the server being gone ends this process."""
@@ -549,6 +553,36 @@ class WorkerHost:
                 return
 
 
+class _LogForwarder(logging.Handler):
+    """Sends the worker's log lines of a running job to the server as `log` events, where they join the
+    server's log (its terminal and the editor's logs panel). Such a line is then left out of the worker's
+    own stderr, so the terminal shows it once."""
+
+    def __init__(self, host: "WorkerHost") -> None:
+        super().__init__(level=logging.INFO)
+        self.host = host
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @classmethod
+    def install(cls, host: "WorkerHost") -> None:
+        root = logging.getLogger()
+        root.handlers.insert(0, cls(host))  # first: it marks what the stream handlers after it skip
+        for handler in root.handlers[1:]:
+            handler.addFilter(lambda record: not getattr(record, "weft_forwarded", False))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        prompt_id = self.host.prompt_id
+        if prompt_id is None or record.name == "weft.worker":
+            return
+        try:
+            message = self.format(record)
+        except Exception:  # an unformattable record stays in the worker's own output
+            return
+        record.weft_forwarded = True
+        self.host.send(JobEvent("log", {"prompt_id": prompt_id, "level": record.levelno, "name": record.name,
+                                        "message": message}))
+
+
 def start_failure(exc: BaseException) -> WorkerFailure:
     """What a runtime that could not be built tells the server before it ends."""
     return WorkerFailure("start", type(exc).__name__, str(exc))
@@ -557,6 +591,9 @@ def start_failure(exc: BaseException) -> WorkerFailure:
 def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
     """The child process's entry point: build the runtime, then serve jobs over `connection`."""
     _die_with_parent()
+    from execution import isolation
+
+    isolation.protect()  # packs the runtime loads here may reorder sys.path too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (worker): %(message)s")
     try:
         runtime = recipe.build()

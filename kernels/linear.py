@@ -6,6 +6,8 @@ One public function, `linear`, with several backends behind a capability check (
             dynamic from the second); CPU and CUDA
   triton    a Triton kernel with prologue and epilogue fused into the matrix product (kernels/triton_linear.py);
             CUDA with the triton package (CPU tensors only under TRITON_INTERPRET=1, and only when forced)
+  onednn    the eager prologue and epilogue around oneDNN's float32 product (`_onednn_linear`); CPU
+The float32 product on the CPU goes to oneDNN in both `onednn` and `compiled` (see `_onednn_linear`).
 
 Prologues (kernels/prologues.py, `Prologue` or its value): `rms_norm` (x / rms(x) * prologue_weight, eps),
 `swiglu` (silu(first half of x) * second half; x then has twice the weight's input features),
@@ -88,6 +90,82 @@ def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 # ----------------------------------------------------------------------------------------------
+# oneDNN's float32 product on the CPU
+
+# torch's float32 `mm` on the CPU calls the BLAS it was built with (MKL), which on AMD processors
+# runs a path without AVX-512; oneDNN (already inside torch, and what torch's own bfloat16 product
+# calls) runs AVX-512 wherever the CPU has it. At the H3 step's shapes it is about twice as fast in
+# float32 on the AVX-512 AMD EPYC this was measured on (bench/dit_step.py), with float32 rounding only:
+# the summation order differs, not the precision. Wrapped as a custom op so that inductor calls it
+# as an opaque kernel inside a compiled graph (its own lowering of the mkldnn op expects a prepacked
+# weight). Below ONEDNN_MIN_MACS a product is bound by call overhead, not by the kernel.
+ONEDNN_MIN_MACS = 1 << 22
+
+
+@torch.library.custom_op("weft::onednn_linear", mutates_args=())
+def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), weight.contiguous(), None, "none", [], "")
+
+
+@_onednn_linear.register_fake
+def _onednn_linear_shape(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x2.new_empty((x2.shape[0], weight.shape[0]))
+
+
+def _onednn_available() -> str | None:
+    if not torch.backends.mkldnn.is_available():
+        return "this torch was built without oneDNN (mkldnn)"
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch has no mkldnn::_linear_pointwise"
+    probe = torch.ones(2, 3)
+    if not torch.equal(_onednn_linear(probe, torch.ones(4, 3)), torch.full((2, 4), 3.0)):
+        return "oneDNN's product gave a wrong result on a probe"
+    return None
+
+
+def onednn_capable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the product of x (M, K) and weight (N, K) goes to oneDNN: CPU, float32, oneDNN present."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and _onednn.unavailable_reason() is None)
+
+
+def linear_onednn(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
+                  residual_scale=None):
+    """The eager reference with its product through oneDNN (float32 on the CPU)."""
+    h = apply_prologue(x, prologue, prologue_weight, eps)
+    y = _onednn_linear(h.reshape(-1, h.shape[-1]), weight).reshape(*h.shape[:-1], weight.shape[0])
+    if bias is not None:
+        y = y + bias
+    if residual is None and residual_scale is None:
+        return y
+    yf = y
+    if residual_scale is not None:
+        yf = yf * (residual_scale.float() if isinstance(residual_scale, torch.Tensor) else float(residual_scale))
+    if residual is not None:
+        yf = residual.float() + yf
+    return yf.to(residual.dtype if residual is not None else y.dtype)
+
+
+def _onednn_check(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
+                  residual_scale=None) -> str | None:
+    if x.device.type != "cpu" or weight.device.type != "cpu":
+        return "oneDNN's product serves CPU tensors"
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return f"dtype {x.dtype} is not float32 (torch's own bfloat16 product already calls oneDNN)"
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return "inputs require grad; the oneDNN backend serves inference only"
+    return None
+
+
+def _onednn_worthwhile(x, weight, bias=None, **_options) -> str | None:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    macs = rows * weight.shape[0] * weight.shape[1]
+    if macs < ONEDNN_MIN_MACS:
+        return f"too small for a second library's call to pay ({macs} multiply-adds < {ONEDNN_MIN_MACS})"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
 # compiled backend
 
 # When the prologue writes an intermediate (swiglu, gelu_tanh, an unfolded rms_norm), the CPU graph
@@ -118,7 +196,7 @@ def row_chunks(rows: int, x_features: int, in_features: int, out_features: int, 
 def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None,
                  scale: torch.Tensor | None, prologue: Prologue | None, eps: float, fold_rms: bool,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+                 out_dtype: torch.dtype, onednn: bool) -> torch.Tensor:
     """One chunk of rows: x2 (m, K) -> (m, N); with fold_rms the weight already holds the norm's weight."""
     row_scale = None
     h = x2
@@ -133,7 +211,7 @@ def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         h = F.silu(gate) * value  # (m, K), contiguous
     elif prologue is Prologue.GELU_TANH:
         h = F.gelu(x2, approximate="tanh")
-    acc = h @ weight.t()  # (m, N)
+    acc = _onednn_linear(h, weight) if onednn else h @ weight.t()  # (m, N)
     if row_scale is None and residual2 is None and scale is None:
         return acc if bias is None else acc + bias
     y = acc.float()
@@ -151,7 +229,7 @@ def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None, scale: torch.Tensor | None,
                   prologue: Prologue | None, eps: float, fold_rms: bool, out_dtype: torch.dtype,
-                  chunks: int = 1) -> torch.Tensor:
+                  chunks: int = 1, onednn: bool = False) -> torch.Tensor:
     """What torch.compile fuses: x2 (M, K) -> (M, N); rearranged so the prologue costs one read of x.
 
     RMSNorm is linear per row: rms_norm(x) * g @ W.T == rsqrt(mean(x^2)) * (x @ (W * g).T). So the
@@ -165,7 +243,8 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if prologue is Prologue.RMS_NORM and fold_rms and prologue_weight is not None:
         weight = (weight.float() * prologue_weight.float()).to(weight.dtype)  # (N, K), once for all chunks
     if chunks == 1:
-        return _linear_rows(x2, weight, bias, prologue_weight, residual2, scale, prologue, eps, fold_rms, out_dtype)
+        return _linear_rows(x2, weight, bias, prologue_weight, residual2, scale, prologue, eps, fold_rms, out_dtype,
+                            onednn)
     rows = x2.shape[0]
     row_scale_full = scale is not None and scale.dim() == 2  # a per-token gate, chunked with the rows
     outs = []
@@ -173,7 +252,8 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         lo, hi = index * rows // chunks, (index + 1) * rows // chunks
         outs.append(_linear_rows(x2[lo:hi], weight, bias, prologue_weight,
                                  residual2[lo:hi] if residual2 is not None else None,
-                                 scale[lo:hi] if row_scale_full else scale, prologue, eps, fold_rms, out_dtype))
+                                 scale[lo:hi] if row_scale_full else scale, prologue, eps, fold_rms, out_dtype,
+                                 onednn))
     return torch.cat(outs)
 
 
@@ -235,15 +315,16 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
                                                                                 and not fold_rms)
     chunks = (row_chunks(rows, x.shape[-1], in_features, out_features, x.element_size(), x.device.type)
               if writes_intermediate else 1)
+    onednn = onednn_capable(x2, weight)  # decided here, outside the graph: a constant of the shape class
     key = (prologue, in_features, out_features, x.dtype, x.device.type, bias is not None,
            prologue_weight is not None, residual_kind, residual.dtype if residual is not None else None,
-           scale_kind, float(eps), rows == 1, chunks)
+           scale_kind, float(eps), rows == 1, chunks, onednn)
     # No size is marked dynamic: the first token count of a class compiles a static graph (every
     # loop bound a constant), which is what a denoising loop calling the same shape thousands of
     # times runs. A second, different count makes dynamo recompile the class once with the count
     # symbolic (automatic dynamic shapes), so varying prompt lengths cost one more compile, not one each.
     y = _linear_compiler.run(key, x2, weight, bias, prologue_weight, residual2, scale, prologue, float(eps),
-                             fold_rms, out_dtype, chunks)
+                             fold_rms, out_dtype, chunks, onednn)
     return y.reshape(out_shape)
 
 
@@ -252,6 +333,8 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
 
 LINEAR = KernelRegistry("linear")
 LINEAR.register("eager", linear_eager)
+_onednn = LINEAR.register("onednn", linear_onednn, check=_onednn_check, available=_onednn_available,
+                          worthwhile=_onednn_worthwhile, before="eager")
 LINEAR.register("compiled", linear_compiled, check=_compiled_check, available=_compiled.available,
                 worthwhile=_compiled_worthwhile, before="eager")
 # The hand-written kernel first: on CUDA it fuses what the compiled graph leaves to inductor; on

@@ -1,6 +1,8 @@
 """AUDIO values: checking, resampling, channel and length fitting, decoding any file, writing FLAC."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import json
 import math
 import os
@@ -18,10 +20,12 @@ FLAC_SAMPLES_PER_FRAME = 1 << 16  # samples handed to the FLAC encoder per call
 
 
 def check_audio(node: str, audio: Any, name: str = "audio") -> dict:
-    """`audio` when it is an AUDIO dict with a (B, C, S) waveform and a positive integer rate; else an error."""
+    """`audio` as a plain dict when it is an AUDIO mapping with a (B, C, S) waveform and a positive integer
+    rate; else an error. Packs hand over other mappings (a lazily loading one from a video loader): the
+    copy made here is what nodes keep."""
     if audio is None:
         raise ValueError(f"{node}: nothing arrived on input '{name}' (is there a sound track upstream?)")
-    if not isinstance(audio, dict) or "waveform" not in audio or "sample_rate" not in audio:
+    if not isinstance(audio, Mapping) or "waveform" not in audio or "sample_rate" not in audio:
         raise TypeError(f"{node}: input '{name}' takes AUDIO, a dict with 'waveform' and 'sample_rate'; "
                         f"got {type(audio).__name__}")
     waveform = audio["waveform"]
@@ -33,7 +37,7 @@ def check_audio(node: str, audio: Any, name: str = "audio") -> dict:
     if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
         raise TypeError(f"{node}: the sample_rate on input '{name}' should be a whole number of Hz above 0; "
                         f"got {rate!r}")
-    return audio
+    return audio if type(audio) is dict else {**audio, "waveform": waveform, "sample_rate": rate}
 
 
 def resample_waveform(waveform: torch.Tensor, from_hz: int, to_hz: int) -> torch.Tensor:

@@ -33,8 +33,11 @@ def check_image(node: str, image: Any, name: str = "image") -> torch.Tensor:
 
 
 def tensor_to_pil(image: torch.Tensor) -> Image.Image:
-    """One frame (H, W, C) in 0..1 as an 8-bit Pillow image: L, RGB or RGBA by its channel count."""
-    pixels = (image.detach().float().clamp(0, 1) * 255.0).round().to(torch.uint8).cpu().numpy()
+    """One frame (H, W, C) in 0..1 as an 8-bit Pillow image: L, RGB or RGBA by its channel count.
+
+    Values are scaled by 255 and truncated, not rounded, as ComfyUI writes them (0.25 is 63), so a
+    saved image has the same bytes in both."""
+    pixels = (image.detach().float().clamp(0, 1) * 255.0).to(torch.uint8).cpu().numpy()
     return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
 
 

@@ -139,7 +139,7 @@ class VideoComponents(Video):
         check_image("VIDEO", self.images, "images")
         self.frame_rate = as_frame_rate(self.frame_rate)
         if self.audio is not None:
-            check_audio("VIDEO", self.audio)
+            self.audio = check_audio("VIDEO", self.audio)
         if self.bit_depth not in (8, 10):
             raise ValueError(f"VIDEO: the bit depth is 8 or 10, not {self.bit_depth!r}")
 
@@ -285,7 +285,7 @@ class VideoConcat(Video):
                 raise ValueError(f"clip {number} runs at {float(other_rate):g} fps but clip 1 at "
                                  f"{float(rate):g} fps; joined clips must share one frame rate")
         if audio is not None:
-            check_audio("VIDEO", audio, "complete_audio")
+            audio = check_audio("VIDEO", audio, "complete_audio")
         self.clips = list(clips)
         self.audio_override = audio
         self.codec = codec

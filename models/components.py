@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from models import memory, parallel
 from models.cache import file_identity
 
 PROMPT_CACHE_SIZE = 64  # prompt encodings a text encoder remembers, least recently used dropped first
@@ -138,6 +139,13 @@ class TextEncoder:
         """The text encoder module."""
         return self.handle.model
 
+    def placed(self, device: torch.device | None) -> "TextEncoder":
+        """This encoder running on `device` (None: where the loader put it); the weights are shared."""
+        from models.patcher import PLACED_DEVICE
+
+        handle = self.handle.with_options(**{PLACED_DEVICE: device})
+        return TextEncoder(handle, self.name, embedding_path=self.embedding_path, tokenizer=self.tokenizer)
+
     def with_adapter(self, adapter: Any, strength: float) -> "TextEncoder":
         """A CLIP value whose encoder carries `adapter` too; this one, and the base weights, stay as they are."""
         handle = self.handle.with_adapter(adapter, strength)
@@ -194,6 +202,7 @@ class TextEncoder:
         hidden, extras = remembered
         return [[hidden, dict(extras)]]
 
+    @parallel.on_root_in_group  # a rank group encodes prompts on rank 0
     def _run(self, text: str, embeddings: dict[str, torch.Tensor], references: tuple) -> tuple[torch.Tensor, dict]:
         """(hidden (1, L, D) float32, extras) of one prompt, computed by the model."""
         if not self.reads_pictures:
@@ -212,6 +221,26 @@ class TextEncoder:
 
     def __repr__(self) -> str:
         return f"TextEncoder({self.name!r}, adapters={self.handle.adapters})"
+
+
+class PlacedModule:
+    """A model whose encode and decode run on `device` (SelectVAEDevice); every other attribute is the model's."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
+        self.module, self.device = module, device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's encode, on the chosen device."""
+        with memory.placed_on(self.device):
+            return self.module.encode(*args, **kwargs)
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's decode, on the chosen device."""
+        with memory.placed_on(self.device):
+            return self.module.decode(*args, **kwargs)
 
 
 class VAE:
@@ -240,6 +269,14 @@ class VAE:
             raise ValueError(f"{node}: input '{input_name}' is an H3 {self.kind} VAE ({self.name}), but this node "
                              f"works with the {kind} VAE; {fitting} are the nodes for this one")
         return self
+
+    def placed(self, device: torch.device | None) -> "VAE":
+        """This VAE running on `device` (None: where the loader put it); the weights are shared."""
+        module = self.model.module if isinstance(self.model, PlacedModule) else self.model
+        placed = VAE(self.kind, module if device is None else PlacedModule(module, device), self.name,
+                     path=self.path, metadata=self.metadata)
+        placed.preview_projection = self.preview_projection
+        return placed
 
     def __repr__(self) -> str:
         return f"VAE({self.kind!r}, {self.name!r})"

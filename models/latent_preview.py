@@ -1,18 +1,22 @@
 """The latent-to-pixel projection a video VAE's live previews are drawn with, fitted from the VAE and cached.
 
-A few seeded random latents are decoded and a least-squares fit maps each latent pixel (its channels and
+The fit is made the first time a preview is drawn (never while a VAE loads, never when nobody asked
+for previews): a few seeded random latents are decoded and a least-squares fit maps each latent pixel (its channels and
 a bias) to the pixel patch it decodes to (`LatentProjection.to_pixels`, the `taesd-like` preview); its
 mean over the patch is the colour of the latent pixel (`to_rgb`, the `latent2rgb` preview).
 
 A fit is derived data of one model file, so it is kept where model-derived data is kept, never in a node:
 on the VAE object, in this process by the file's identity (device, inode, size, mtime: a hit is the fit
-of those very bytes, shared by every runtime and every hard link), and in a JSON file beside the model
-(`<model file>.weft-preview.json`, holding the file's size and mtime and refitted when they change). A
+of those very bytes, shared by every runtime and every hard link), and in Weft's own cache folder
+(`<user>/weft-cache/preview-projections/`, one JSON file per model file named by a hash of its path,
+holding the file's size and mtime and refitted when they change; nothing is ever written into a models
+folder). A
 model may also carry its own projection in its safetensors metadata (`weft_latent_rgb`: `{"weights":
 [[r, g, b] per channel], "bias": [r, g, b]}`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -24,7 +28,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-CACHE_SUFFIX = ".weft-preview.json"
+CACHE_FOLDER = ("weft-cache", "preview-projections")  # under the user folder: Weft's own, never a models folder
 METADATA_KEY = "weft_latent_rgb"
 FIT_BATCH = 1  # random latents decoded for a fit: one decoder window of 12 x 12 latent pixels gives
 FIT_SIZE = 12  # 144 samples for the 25 unknowns per output of an H3 VAE (192 x 192 pixels, one tile)
@@ -120,9 +124,18 @@ def _from_metadata(vae: Any, channels: int, patch: int) -> LatentProjection | No
     return LatentProjection(rgb.repeat(1, patch * patch).contiguous(), patch)
 
 
-def _cache_path(vae: Any) -> Path | None:
+def _cache_path(vae: Any, cache_dir: Path | None) -> Path | None:
+    """The fit's file in Weft's cache folder, named by a hash of the model file's resolved path."""
     source = getattr(vae, "path", None)
-    return Path(str(source) + CACHE_SUFFIX) if source else None
+    if not source or cache_dir is None:
+        return None
+    digest = hashlib.sha256(str(Path(source).resolve()).encode("utf-8")).hexdigest()[:32]
+    return Path(cache_dir) / f"{digest}.json"
+
+
+def cache_folder(user_dir: Path) -> Path:
+    """Where preview projections are cached for the user folder `user_dir`."""
+    return Path(user_dir).joinpath(*CACHE_FOLDER)
 
 
 def _file_identity(vae: Any) -> tuple[int, int, int, int] | None:
@@ -138,8 +151,8 @@ def _source_stamp(vae: Any) -> list[int] | None:
     return None if identity is None else [identity[2], identity[3]]  # size and mtime survive a copy
 
 
-def _from_disk(vae: Any, channels: int, patch: int) -> LatentProjection | None:
-    path = _cache_path(vae)
+def _from_disk(vae: Any, cache_dir: Path | None, channels: int, patch: int) -> LatentProjection | None:
+    path = _cache_path(vae, cache_dir)
     if path is None or not path.is_file():
         return None
     try:
@@ -152,18 +165,24 @@ def _from_disk(vae: Any, channels: int, patch: int) -> LatentProjection | None:
     return projection if projection.channels == channels and projection.patch == patch else None
 
 
-def _store(vae: Any, projection: LatentProjection) -> None:
-    path = _cache_path(vae)
+def _store(vae: Any, cache_dir: Path | None, projection: LatentProjection) -> None:
+    path = _cache_path(vae, cache_dir)
     if path is None:
         return
     try:
-        path.write_text(json.dumps({"source": _source_stamp(vae), **projection.to_json()}), encoding="utf-8")
-    except OSError as exc:  # a read-only models folder: the fit is kept in memory only
-        logger.debug("preview projection not cached beside %s: %s", vae.path, exc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(path.name + ".part")
+        staged.write_text(json.dumps({"model": str(vae.path), "source": _source_stamp(vae), **projection.to_json()}),
+                          encoding="utf-8")
+        staged.replace(path)
+    except OSError as exc:  # an unwritable cache folder: the fit is kept in memory only
+        logger.debug("preview projection of %s not cached in %s: %s", vae.path, cache_dir, exc)
 
 
-def projection_for(vae: Any) -> LatentProjection:
-    """The video VAE's preview projection: remembered, cached beside the model, from metadata, or fitted now."""
+def projection_for(vae: Any, cache_dir: Path | None = None, *,
+                   announce: Callable[[], None] | None = None) -> LatentProjection:
+    """The video VAE's preview projection: remembered, from metadata, cached in `cache_dir`, or fitted now
+    (calling `announce` first, so the user hears why the first preview takes a while)."""
     cached = getattr(vae, "preview_projection", None)
     if cached is not None:
         return cached
@@ -175,10 +194,12 @@ def projection_for(vae: Any) -> LatentProjection:
         channels, patch = int(config.latent_channels), int(config.spatial_ratio)
         identity = _file_identity(vae)
         projection = _fits_by_file.get(identity) if identity is not None else None
-        projection = projection or _from_metadata(vae, channels, patch) or _from_disk(vae, channels, patch)
+        projection = projection or _from_metadata(vae, channels, patch) or _from_disk(vae, cache_dir, channels, patch)
         if projection is None:
+            if announce is not None:
+                announce()
             projection = fit_projection(lambda z: vae.model.decode(z, tile_batch=1), channels, patch)
-            _store(vae, projection)
+            _store(vae, cache_dir, projection)
         if identity is not None:
             _fits_by_file[identity] = projection
         vae.preview_projection = projection

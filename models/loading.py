@@ -90,6 +90,9 @@ def _refuse_non_safetensors(path: str) -> None:
     with open(path, "rb") as f:
         head = f.read(16)
     name = os.path.basename(path)
+    # A safetensors file is recognised first: its 8-byte header length can itself begin with b"\x80" or b"PK".
+    if len(head) >= 9 and head[8:9] == b"{" and 0 < struct.unpack("<Q", head[:8])[0] <= os.path.getsize(path) - 8:
+        return
     if head[:2] == b"PK" or head[:1] == b"\x80":
         raise ValueError(f"{name} is a pickle / PyTorch checkpoint ({'zip archive' if head[:2] == b'PK' else 'pickle stream'}); "
                          "Weft loads only .safetensors files, which cannot run code. Convert it to safetensors first.")

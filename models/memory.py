@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import math
 import os
 import threading
@@ -73,13 +74,13 @@ def default_device() -> torch.device:
 
 def compute_device() -> torch.device:
     """The device model ops run on: the configured manager's, else the best device present."""
-    runtime = _runtime
+    runtime = _current()
     return runtime.device if runtime is not None else default_device()
 
 
 def compute_dtype(device: torch.device | str | None = None) -> torch.dtype:
     """The dtype activations and weights are computed in on `device` (default: the compute device)."""
-    runtime = _runtime
+    runtime = _current()
     if device is None and runtime is not None:
         return runtime.dtype
     return _default_dtype(torch.device(device) if device is not None else compute_device())
@@ -126,8 +127,14 @@ def _kept_as_stored(module: nn.Module) -> bool:
 
 def _module_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The module's own parameters and buffers (not its children's), the ones its op needs."""
-    named = [(name, p) for name, p in module.named_parameters(recurse=False)]
-    named += [(name, b) for name, b in module.named_buffers(recurse=False) if b is not None]
+    # Read from the module's own tables rather than named_parameters(), whose generator and
+    # duplicate check cost more than the rest of a resident take; a tensor registered under two
+    # names is still listed once.
+    named = [(name, t) for table in (module._parameters, module._buffers) for name, t in table.items()
+             if t is not None]
+    if len(named) > 1 and len({id(t) for _name, t in named}) < len(named):
+        seen: set[int] = set()
+        named = [(name, t) for name, t in named if not (id(t) in seen or seen.add(id(t)))]
     return named
 
 
@@ -447,6 +454,7 @@ def configure(*, vram_budget_gb: float | None = None, reserve_vram_gb: float | N
               device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MemoryManager:
     """Create the process's memory manager (replacing any earlier one) and return it."""
     global _runtime
+    _by_device.clear()
     if vram_budget_gb is not None and vram_budget_gb < 0:
         raise ValueError(f"--vram-budget must be >= 0 GB, got {vram_budget_gb}")
     _runtime = MemoryManager(
@@ -459,23 +467,61 @@ def configure(*, vram_budget_gb: float | None = None, reserve_vram_gb: float | N
 def activate(runtime: MemoryManager | None) -> None:
     """Make an already built manager the configured runtime (None: unconfigure); benchmarks compare several."""
     global _runtime
+    _by_device.clear()
     _runtime = runtime
 
 
 def unconfigure() -> None:
     """Drop the configured manager (its copies go with it); take() then returns the parameters themselves."""
     global _runtime
+    _by_device.clear()
     _runtime = None
 
 
 def manager() -> MemoryManager | None:
-    """The configured manager, or None when configure() was not called."""
-    return _runtime
+    """The manager of the device the running model is placed on (see `placed_on`), else the configured
+    one; None when configure() was not called."""
+    return _current()
+
+
+# A model placed on another device (SelectModelDevice and its siblings) runs under `placed_on(device)`:
+# its weights are held, budgeted and evicted by a manager of that device, made like the configured one.
+_placed: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("weft_placed_device", default=None)
+_by_device: dict[torch.device, MemoryManager] = {}
+_by_device_lock = threading.Lock()
+
+
+def _current() -> MemoryManager | None:
+    runtime, placed = _runtime, _placed.get()
+    if runtime is None or placed is None or placed == runtime.device:
+        return runtime
+    with _by_device_lock:
+        placed_manager = _by_device.get(placed)
+        if placed_manager is None:
+            placed_manager = _by_device[placed] = MemoryManager(
+                device=placed, mode=runtime.mode, budget_bytes=runtime.fixed_budget_bytes,
+                reserve_bytes=runtime.reserve_bytes)
+        return placed_manager
+
+
+def available_devices() -> list[torch.device]:
+    """The devices a model can be placed on here: the CPU, then each CUDA device."""
+    return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+
+
+@contextlib.contextmanager
+def placed_on(device: torch.device | str | None) -> Iterator[None]:
+    """Inside the block, models run on `device` (None: where the configured manager puts them)."""
+    token = _placed.set(torch.device(device) if device is not None else None)
+    try:
+        yield
+    finally:
+        _placed.reset(token)
 
 
 def take_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """`module`'s own parameters and buffers ready for its op (see MemoryManager.take_named)."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is not None:
         return runtime.take_named(module, dtype=dtype)
     patch_map = active_patch_map()
@@ -494,7 +540,7 @@ def take(module: nn.Module, *, dtype: torch.dtype | None = None) -> tuple[torch.
 
 def release(module: nn.Module) -> None:
     """Give back the weights of `module` taken for its op."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is not None:
         runtime.release(module)
 
@@ -534,13 +580,13 @@ def using_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> Itera
 
 def prefetch(modules: nn.Module | Iterable[nn.Module], *, dtype: torch.dtype | None = None) -> int:
     """Start copying `modules`' weights to the device ahead of use (no-op without a manager or on CPU)."""
-    runtime = _runtime
+    runtime = _current()
     return runtime.prefetch(modules, dtype=dtype) if runtime is not None else 0
 
 
 def stream_blocks(blocks: Sequence[nn.Module], *, dtype: torch.dtype | None = None) -> Iterator[nn.Module]:
     """Iterate transformer/encoder blocks with the next one prefetched (see MemoryManager.stream_blocks)."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is None:
         return iter(list(blocks))
     return runtime.stream_blocks(blocks, dtype=dtype)
@@ -548,7 +594,7 @@ def stream_blocks(blocks: Sequence[nn.Module], *, dtype: torch.dtype | None = No
 
 def free_bytes() -> int:
     """Bytes callers may allocate on the compute device now (what tiled decode sizes its batches by)."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is not None:
         return runtime.free_bytes()
     return device_free_bytes(default_device())
@@ -556,7 +602,7 @@ def free_bytes() -> int:
 
 def stats_snapshot() -> dict:
     """Memory figures for the job profile: device, dtype, mode, budget and the MemoryStats counters."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is not None:
         return runtime.snapshot()
     device = default_device()
@@ -566,7 +612,7 @@ def stats_snapshot() -> dict:
 
 def reset_peak() -> None:
     """Restart the configured manager's peak-resident measurement (no-op without one)."""
-    runtime = _runtime
+    runtime = _current()
     if runtime is not None:
         runtime.reset_peak()
 

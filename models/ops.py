@@ -17,7 +17,7 @@ from kernels.linear import linear
 from kernels.prologues import Prologue
 from kernels.quantized import QuantizedWeight
 from kernels.norms import rms_norm
-from models.memory import using, using_if_module, using_named
+from models.memory import release, take, using, using_if_module, using_named
 from models.patcher import apply_patches, patch_signature
 from models.quant.formats import LayerQuant
 
@@ -33,10 +33,18 @@ class Linear(nn.Linear):
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
                 residual: torch.Tensor | None = None,
                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
-        with using_if_module(prologue_weight, dtype=x.dtype) as (prologue_weight, _), \
-                using(self, dtype=x.dtype) as (weight, bias):
+        if isinstance(prologue_weight, nn.Module):
+            with using(prologue_weight, dtype=x.dtype) as (norm_weight, _):
+                return self.forward(x, prologue=prologue, prologue_weight=norm_weight, eps=eps, residual=residual,
+                                    residual_scale=residual_scale)
+        # take/release written out rather than `with using(...)`: this runs once per Linear per step,
+        # and a resident model should pay nothing for being managed.
+        weight, bias = take(self, dtype=x.dtype)
+        try:
             return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                           residual=residual, residual_scale=residual_scale)
+        finally:
+            release(self)
 
 
 class Conv1d(nn.Conv1d):

@@ -34,6 +34,9 @@ PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
 # Option of a diffusion-model handle: the block hooks (models/h3/transformer.py's BlockHook) its forward runs.
 BLOCK_HOOKS = "block_hooks"
 
+# Option of a handle: the torch.device its model runs on (SelectModelDevice, SelectCLIPDevice); absent: the default.
+PLACED_DEVICE = "device"
+
 # The patch set of the model handle whose forward is running.
 _active: contextvars.ContextVar[PatchMap | None] = contextvars.ContextVar("weft_active_patches", default=None)
 # The options of the model handle whose forward is running (how it attends, for one).
@@ -167,9 +170,11 @@ class ModelHandle:
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:
         """Activate this handle's patches for weights taken inside the block; yields the module to run."""
+        from models import memory  # memory imports this module
+
         token = _active_options.set(self.options)
         try:
-            with patches_active(self._patch_map):
+            with patches_active(self._patch_map), memory.placed_on(self.options.get(PLACED_DEVICE)):
                 yield self.model
         finally:
             _active_options.reset(token)

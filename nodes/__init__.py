@@ -8,6 +8,7 @@ MAX_RESOLUTION = 16384
 BUILTIN_PACKS = (
     "nodes.primitives",
     "nodes.image",
+    "nodes.utility",
     "nodes.media",
     "nodes.loops",
     "nodes.loaders",
@@ -18,9 +19,21 @@ BUILTIN_PACKS = (
     "nodes.h3",
     "nodes.h3_control",
     "nodes.attention",
+    "nodes.devices",
 )
 
 
 def builtin_packs():
     """Import and return the built-in node pack modules."""
     return [importlib.import_module(name) for name in BUILTIN_PACKS]
+
+
+def __getattr__(name: str):
+    # `from nodes import VAEEncode`: ComfyUI's classic class of that name, made from Weft's own node
+    # (nodes/comfy_classes.py); any other missing name stays an AttributeError (an ImportError there).
+    from nodes.comfy_classes import classic_class
+
+    try:
+        return classic_class(name)
+    except AttributeError:
+        raise AttributeError(f"module 'nodes' has no attribute {name!r}") from None

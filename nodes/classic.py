@@ -1,12 +1,13 @@
 """Adapter from classic ComfyUI node classes (INPUT_TYPES, RETURN_TYPES, FUNCTION, ...) to NodeSpec."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
 
 from execution.spec import (
-    AUTOGROW, DYNAMIC_COMBO, HIDDEN_VALUES, InputSpec, NodeDefinitionError, NodeSpec, OutputSpec,
+    AUTOGROW, DYNAMIC_COMBO, InputSpec, NodeDefinitionError, NodeSpec, OutputSpec,
 )
 
 def _fail(node_id: str, field: str, message: str) -> None:
@@ -16,11 +17,15 @@ def _fail(node_id: str, field: str, message: str) -> None:
 def input_from_declaration(node_id: str, name: str, kind: str, declaration: Any) -> InputSpec:
     """One input from its classic declaration `(TYPE or [choices], {options})` (hidden: the value name)."""
     if kind == "hidden":
-        value = declaration[0] if isinstance(declaration, (list, tuple)) else declaration
-        if value not in HIDDEN_VALUES:
-            _fail(node_id, f"input '{name}'", f"unknown hidden value {value!r}")
-        # /object_info shows it as declared: classic nodes write a bare string, a few a one-element tuple.
-        return InputSpec(name, value, "hidden", hidden_as_string=isinstance(declaration, str))
+        value = declaration[0] if isinstance(declaration, (list, tuple)) and declaration else declaration
+        options = declaration[1] if isinstance(declaration, (list, tuple)) and len(declaration) > 1 else None
+        if not isinstance(value, str) or not value:
+            _fail(node_id, f"input '{name}'", f"expected a hidden value or (TYPE, options), got {declaration!r}")
+        # A type other than the hidden values is an ordinary input the editor does not show (ComfyUI
+        # passes whatever the prompt gives it). /object_info shows it as declared: classic nodes write a
+        # bare string, a few a tuple.
+        return InputSpec(name, value, "hidden", dict(options) if isinstance(options, dict) else {},
+                         hidden_as_string=isinstance(declaration, str))
     if not isinstance(declaration, (list, tuple)) or not declaration:
         _fail(node_id, f"input '{name}'", f"expected (TYPE, options), got {declaration!r}")
     type_ = declaration[0]
@@ -52,12 +57,21 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
     if unknown_kinds:
         _fail(node_id, "INPUT_TYPES", f"unknown section(s) {sorted(unknown_kinds)}; expected required, optional, hidden")
     inputs = []
+    seen: set[str] = set()
     for kind in ("required", "optional", "hidden"):
         section = declared.get(kind) or {}
         if not isinstance(section, dict):
             _fail(node_id, f"INPUT_TYPES[{kind!r}]", "must be a dict")
         for name, declaration in section.items():
+            if name in seen:
+                continue  # declared in an earlier section too: ComfyUI reads the first one
+            seen.add(name)
             inputs.append(input_from_declaration(node_id, name, kind, declaration))
+
+    # ComfyUI calls INPUT_TYPES again for every /object_info and every validation, so a combo listing
+    # files sees files added since start-up: the choices are read from a fresh call each time.
+    inputs = [dataclasses.replace(i, choices=_live_choices(cls, i.kind, i.name, i.choices))
+              if i.type == "COMBO" and i.kind != "hidden" and not callable(i.choices) else i for i in inputs]
 
     return_types = tuple(getattr(cls, "RETURN_TYPES", ()))
     names = tuple(getattr(cls, "RETURN_NAMES", None) or return_types)
@@ -102,21 +116,28 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         fn = getattr(cls, attribute, None)
         if fn is None:
             return None
+        # ComfyUI calls the hooks on the class: a classmethod gets the class, a function assigned to the
+        # class (a decorator's `setattr(cls, "VALIDATE_INPUTS", check)`) only the arguments. A plain
+        # method whose first parameter is `self` is the one form ComfyUI cannot call; Weft gives it
+        # the node's instance.
+        on_instance = inspect.isfunction(fn) and next(iter(_parameters(fn)), None) == "self"
 
         @functools.wraps(fn)
         def call(**kwargs):
-            target = getattr(instance(), attribute) if not isinstance(inspect.getattr_static(cls, attribute),
-                                                                        (classmethod, staticmethod)) else fn
+            target = getattr(instance(), attribute) if on_instance else fn
             wanted = _accepted_kwargs(target, kwargs)
             return target(**wanted)
 
         return call
 
     validate = bound("VALIDATE_INPUTS")
-    validate_takes = frozenset()
+    validate_takes, validate_takes_types = frozenset(), False
     if validate is not None:
         params = inspect.signature(getattr(cls, "VALIDATE_INPUTS")).parameters
         validate_takes = frozenset(p for p in params if p not in ("self", "cls", "input_types"))
+        validate_takes_types = "input_types" in params
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            validate_takes = frozenset(i.name for i in inputs)  # **kwargs: it takes every input whole
 
     return NodeSpec(
         node_id=node_id,
@@ -130,14 +151,44 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         input_is_list=bool(getattr(cls, "INPUT_IS_LIST", False)),
         not_idempotent=bool(getattr(cls, "NOT_IDEMPOTENT", False)),
         fingerprint=bound("IS_CHANGED"),
+        lenient=True,
         validate_inputs=validate,
         validate_takes=validate_takes,
+        validate_takes_types=validate_takes_types,
         check_lazy_status=bound("check_lazy_status"),
         python_module=python_module,
         deprecated=bool(getattr(cls, "DEPRECATED", False)),
         experimental=bool(getattr(cls, "EXPERIMENTAL", False)),
         search_aliases=tuple(getattr(cls, "SEARCH_ALIASES", ()) or ()),
     )
+
+
+def _live_choices(cls: type, kind: str, name: str, declared: Any):
+    """A function returning `name`'s combo choices from a fresh INPUT_TYPES() call (the declared ones
+    when the call fails or no longer lists the input as a combo)."""
+    fallback = tuple(declared or ())
+
+    def choices() -> tuple:
+        try:
+            declaration = (cls.INPUT_TYPES().get(kind) or {}).get(name)
+        except Exception:
+            return fallback
+        if isinstance(declaration, (list, tuple)) and declaration:
+            first = declaration[0]
+            if isinstance(first, (list, tuple)):
+                return tuple(first)
+            if first == "COMBO" and len(declaration) > 1 and isinstance(declaration[1], dict):
+                return tuple(declaration[1].get("options", fallback))
+        return fallback
+
+    return choices
+
+
+def _parameters(fn) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def _accepted_kwargs(fn, kwargs: dict) -> dict:
@@ -152,8 +203,11 @@ def _accepted_kwargs(fn, kwargs: dict) -> dict:
 
 
 def specs_from_mappings(class_mappings: dict, display_names: dict | None = None, *,
-                        python_module: str) -> list[NodeSpec]:
-    """NodeSpecs for a plugin's NODE_CLASS_MAPPINGS (and NODE_DISPLAY_NAME_MAPPINGS); V3 classes included."""
+                        python_module: str, refused: list[tuple[str, str]] | None = None) -> list[NodeSpec]:
+    """NodeSpecs for a plugin's NODE_CLASS_MAPPINGS (and NODE_DISPLAY_NAME_MAPPINGS); V3 classes included.
+
+    With `refused`, a node whose declaration cannot be registered is left out and its reason appended
+    there as (node id, reason) (the rest of the pack still loads); without it, the first such node raises."""
     if not isinstance(class_mappings, dict):
         raise NodeDefinitionError(f"{python_module}: NODE_CLASS_MAPPINGS must be a dict")
     from nodes.v3 import is_v3_node, spec_from_v3_class  # nodes.v3 reads this module's input helper
@@ -162,9 +216,14 @@ def specs_from_mappings(class_mappings: dict, display_names: dict | None = None,
     specs = []
     for node_id, cls in class_mappings.items():
         node_id, display_name = str(node_id), display_names.get(node_id)
-        if is_v3_node(cls):  # ComfyUI accepts a V3 class in the mappings too; the key is its id
-            specs.append(spec_from_v3_class(cls, node_id=node_id, python_module=python_module,
-                                            display_name=display_name))
-        else:
-            specs.append(spec_from_class(node_id, cls, python_module=python_module, display_name=display_name))
+        try:
+            if is_v3_node(cls):  # ComfyUI accepts a V3 class in the mappings too; the key is its id
+                specs.append(spec_from_v3_class(cls, node_id=node_id, python_module=python_module,
+                                                display_name=display_name))
+            else:
+                specs.append(spec_from_class(node_id, cls, python_module=python_module, display_name=display_name))
+        except NodeDefinitionError as exc:
+            if refused is None:
+                raise
+            refused.append((node_id, str(exc)))
     return specs

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from execution.context import current
-from execution.paths import UnsafePathError, confine, next_output_name
+from execution.paths import PREVIEW_FILE_PREFIX, UnsafePathError, confine, next_output_name
 
 # The editor may name a file in another folder by a suffix, "clip.png [output]"; no suffix means input.
 _FOLDER_SUFFIXES = {" [input]": "input", " [output]": "output", " [temp]": "temp"}
@@ -68,7 +68,13 @@ def check_input_file(node: str, kind_label: str, name: Any, *, default_kind: str
         return f"{node}: invalid {kind_label} file {name!r}: {exc}"
     if not path.is_file():
         folder = annotated_folder(name, default_kind=default_kind)
-        return f"{node}: {kind_label} file {name!r} not found (searched folder: {folder})"
+        return (f"{node}: {kind_label} file {name!r} not found (searched folder: {folder}); put the file there, "
+                f"upload it in the editor (or POST /upload/image), or choose another file")
+    from media.probe import header_problem
+
+    problem = header_problem(path, kind_label)
+    if problem is not None:
+        return f"{node}: {kind_label} file {name!r} {problem}"
     return True
 
 
@@ -133,4 +139,4 @@ def file_metadata(prompt: Any, extra_pnginfo: Any, *, limit: int = MAX_EMBEDDED_
 
 def temp_prefix() -> str:
     """A fresh prefix for preview files, random enough that two jobs do not share it."""
-    return "ComfyUI_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+    return PREVIEW_FILE_PREFIX + "".join(random.choice(string.ascii_lowercase) for _ in range(5))

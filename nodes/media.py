@@ -29,7 +29,7 @@ def _create_video(images: torch.Tensor, fps: float, audio: dict | None = None,
                   bit_depth: int | str = "auto") -> tuple[Video]:
     images = check_image("CreateVideo", images, "images")
     if audio is not None:
-        check_audio("CreateVideo", audio)
+        audio = check_audio("CreateVideo", audio)
     depth = 8 if bit_depth == "auto" else int(bit_depth)
     return (VideoComponents(images=images, audio=audio, frame_rate=as_frame_rate(fps), bit_depth=depth),)
 
@@ -70,7 +70,7 @@ def _concatenate_video(videos: dict, codec: Any, complete_audio: Any = None) -> 
         raise ValueError(f"{node}: codec {chosen_codec!r} cannot be written; the choices are {VIDEO_CODECS}")
     soundtrack = _as_list(complete_audio)[0] if complete_audio is not None else None
     if soundtrack is not None:
-        check_audio(node, soundtrack, "complete_audio")
+        soundtrack = check_audio(node, soundtrack, "complete_audio")
     try:
         return (VideoConcat(clips, audio=soundtrack, codec=chosen_codec),)
     except ValueError as exc:

@@ -65,6 +65,38 @@ def missing_modules(plugin_path: str | Path, own_names: Iterable[str], compat_di
     return missing
 
 
+def comfyui_only_imports(plugin_path: str | Path, own_names: Iterable[str], names: Iterable[str]) -> list[str]:
+    """Which of `names` (top-level modules Weft has under the same name as a ComfyUI module of other
+    contents, such as `execution`) the plugin imports whole while it loads, following its own modules."""
+    path = Path(plugin_path)
+    root = path if path.is_dir() else path.parent
+    wanted, owners = set(names), {name for name in own_names if name}
+    found: list[str] = []
+    seen: set[Path] = set()
+    queue: list[tuple[Path, tuple[str, ...]]] = [(path / "__init__.py" if path.is_dir() else path, ())]
+    while queue and len(seen) < MAX_FILES:
+        file, package = queue.pop(0)
+        if file in seen or not file.is_file():
+            continue
+        seen.add(file)
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"), filename=str(file))
+        except (SyntaxError, ValueError):
+            continue
+        for module, imported, level in _import_time_imports(tree):
+            own_top = next((o for o in owners if module == o or module.startswith(o + ".")), None)
+            if level and path.is_dir():
+                base = package[: len(package) - (level - 1)] if level - 1 <= len(package) else None
+                if base is not None:
+                    _queue_own(root, (*base, *module.split(".")) if module else base, imported, queue)
+            elif own_top is not None:
+                inner = tuple(p for p in module[len(own_top):].lstrip(".").split(".") if p)
+                _queue_own(root, inner, imported, queue)
+            elif not level and not imported and module.split(".")[0] in wanted and module not in found:
+                found.append(module.split(".")[0])
+    return found
+
+
 def _queue_own(root: Path, inner: tuple[str, ...], names: list[str], queue: list) -> None:
     """Queue the pack's own module `inner` (and any submodules among `names`)."""
     targets = [inner] + [(*inner, name) for name in names if name != "*"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.abc
 import importlib.util
 import keyword
 import logging
@@ -44,9 +45,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import quote
 
+from execution import isolation
 from execution.paths import UnsafePathError, confine
 from nodes.classic import specs_from_mappings
-from nodes.plugin_imports import missing_modules
+from nodes.plugin_imports import comfyui_only_imports, missing_modules
 from nodes.v3 import specs_from_entrypoint
 from nodes.registry import NodeRegistry
 from execution.spec import NodeDefinitionError, NodeSpec
@@ -61,8 +63,12 @@ ENTRY_FUNCTION = "weft_nodes"
 V3_ENTRY_FUNCTION = "comfy_entrypoint"
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 COMPAT_MODULES = ("folder_paths", "comfy.utils", "comfy.model_management", "comfy.model_detection",
-                  "comfy.supported_models", "node_helpers", "server", "protocol", "latent_preview", "comfy_api",
-                  "comfy_execution.graph_utils")
+                  "comfy.supported_models", "comfy.comfy_types", "comfy.k_diffusion.utils", "node_helpers",
+                  "server", "protocol", "latent_preview", "comfy_api", "comfy_execution.graph_utils",
+                  "comfy_execution.graph")
+# Top-level names Weft's own packages hold that ComfyUI uses for a module of other contents: a pack
+# importing one whole is refused at load time, not left to fail at run time.
+COMFYUI_ONLY_MODULES = ("execution",)
 SLOW_IMPORT_SECONDS = 1.0  # imports slower than this are logged as slow (every time is reported anyway)
 DISABLED_SUFFIX = ".disabled"  # ComfyUI's convention: `pack.disabled` is skipped
 WEFT_ROOT = Path(__file__).resolve().parents[1]
@@ -149,9 +155,50 @@ def discover(directory: str | Path) -> list[tuple[str, Path]]:
     return sorted(found, key=lambda item: item[0].lower())
 
 
+# ---------------------------------------------------------------------- one file, one module
+class _AliasLoader(importlib.abc.Loader):
+    """Loads `<alias>.<sub>` as the module `custom_nodes.<name>.<sub>` itself (importing it if needed)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._own_spec = None
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.target)
+        self._own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module) -> None:
+        # The import system stamped the alias's spec on the module; the module keeps its own.
+        module.__spec__ = self._own_spec
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """A pack's submodules reached by its folder name are the ones reached relatively: one file, one
+    module object, as with an installed package (the pack's top module is registered under both names
+    by `_import`)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        top, dot, rest = fullname.partition(".")
+        if not dot or top not in _ALIASES:
+            return None
+        canonical = f"{_ALIASES[top]}.{rest}"
+        try:
+            found = importlib.util.find_spec(canonical)  # its parent is imported already: runs no pack code
+        except (ImportError, ValueError):
+            found = None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(canonical)) if found else None
+
+
+_ALIAS_FINDER = _AliasFinder()
+
+
 # ---------------------------------------------------------------------- the compatibility layer
 def enable_compat() -> None:
     """Put `nodes/compat/` first on sys.path, once: plugins import ComfyUI helper modules at run time too."""
+    isolation.protect()  # Weft's own names resolve to Weft whatever packs do to sys.path
+    if _ALIAS_FINDER not in sys.meta_path:
+        sys.meta_path.insert(1, _ALIAS_FINDER)
     compat = str(COMPAT_DIR)
     if compat not in sys.path:
         sys.path.insert(0, compat)
@@ -249,6 +296,16 @@ def _missing_reason(exc: ModuleNotFoundError, path: Path, own_names: tuple[str, 
     return f"missing modules {', '.join(repr(n) for n in names)} (the import stopped at '{exc.name}')"
 
 
+def _also_missing(path: Path, own_names: tuple[str, ...], besides: str = "") -> str:
+    """'; missing modules also: ...' for what the dry pass finds missing beyond `besides`, or ''."""
+    try:
+        found = [name for name in missing_modules(path, own_names, COMPAT_DIR) if name != besides]
+    except Exception:  # the dry pass is a courtesy
+        logger.debug("dry import pass over %s failed", path, exc_info=True)
+        return ""
+    return f"; missing modules also: {', '.join(repr(n) for n in found)}" if found else ""
+
+
 def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = None,
                    own_names: tuple[str, ...] = ()) -> str:
     if isinstance(exc, SyntaxError):
@@ -266,17 +323,18 @@ def _import_reason(exc: BaseException, plugin_root: Path, path: Path | None = No
         return f"{missing}{hint}{_where(exc, plugin_root)}"
     if isinstance(exc, ImportError):
         hint = ""
-        if exc.name == "nodes":
-            hint = "; Weft's `nodes` is its own package, not ComfyUI's nodes.py"
+        if exc.name in ("nodes", "execution"):
+            hint = f"; Weft's `{exc.name}` is its own package, not ComfyUI's {exc.name}.py"
         elif exc.name in COMPAT_MODULES:
-            hint = f"; Weft's {exc.name} provides only what the README lists"
-        return f"import error: {exc}{hint}{_where(exc, plugin_root)}"
+            hint = f"; Weft's {exc.name} provides only what docs/custom-nodes.md lists"
+        also = _also_missing(path, own_names) if path is not None else ""
+        return f"import error: {exc}{hint}{also}{_where(exc, plugin_root)}"
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) while importing{_where(exc, plugin_root)}"
     return f"{type(exc).__name__} while importing: {exc}{_where(exc, plugin_root)}"
 
 
-def _import(path: Path, module_name: str, alias: str = "") -> types.ModuleType:
+def _import(path: Path, module_name: str, alias: str = "", warnings: list[str] | None = None) -> types.ModuleType:
     if path.is_dir():
         init = path / "__init__.py"
         if not init.is_file():
@@ -293,15 +351,22 @@ def _import(path: Path, module_name: str, alias: str = "") -> types.ModuleType:
         # Before the pack's code runs: its __init__ may import its own submodules by name.
         _ALIASES[alias] = module_name
         sys.modules[alias] = module
+    guard = isolation.ModuleGuard()
     try:
-        spec.loader.exec_module(module)
+        with guard:
+            spec.loader.exec_module(module)
     except BaseException:
         _forget_module(module_name)
         raise
+    finally:
+        if guard.restored and warnings is not None:
+            warnings.append(f"it changed how Weft's own modules resolve; put back: {', '.join(guard.restored)}")
     return module
 
 
-def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path) -> list[NodeSpec]:
+def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path,
+                   refused: list[tuple[str, str]]) -> list[NodeSpec]:
+    """The pack's node specs; a node that cannot be declared goes to `refused` (its id and reason) instead."""
     specs: list[NodeSpec] = []
     mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
     entry = getattr(module, ENTRY_FUNCTION, None)
@@ -310,7 +375,7 @@ def _collect_specs(module: types.ModuleType, module_name: str, plugin_root: Path
         if display is not None and not isinstance(display, dict):
             raise PluginError(f"NODE_DISPLAY_NAME_MAPPINGS must be a dict, got {type(display).__name__}")
         try:
-            specs.extend(specs_from_mappings(mappings, display, python_module=module_name))
+            specs.extend(specs_from_mappings(mappings, display, python_module=module_name, refused=refused))
         except NodeDefinitionError as exc:
             raise PluginError(f"node refused: {exc}") from exc
         except Exception as exc:  # a class whose attributes break the adapter in some other way
@@ -352,8 +417,14 @@ def _web_directory(module: types.ModuleType, path: Path, report: PluginReport) -
     if not isinstance(declared, str) or not declared.strip():
         raise PluginError(f"WEB_DIRECTORY must be a non-empty string, got {declared!r}")
     plugin_dir = path if path.is_dir() else path.parent
+    relative = declared
+    if Path(declared).is_absolute():  # `os.path.join(os.path.dirname(__file__), "web")`: fine when inside
+        try:
+            relative = Path(declared).resolve().relative_to(plugin_dir.resolve()).as_posix()
+        except (ValueError, OSError):
+            raise PluginError(f"WEB_DIRECTORY {declared!r} is outside the plugin's folder") from None
     try:
-        web = confine(plugin_dir, declared.replace("\\", "/").removeprefix("./"))
+        web = confine(plugin_dir, relative.replace("\\", "/").removeprefix("./") or ".")
     except UnsafePathError as exc:
         raise PluginError(f"WEB_DIRECTORY {declared!r} is outside the plugin's folder: {exc}") from exc
     if not web.is_dir():
@@ -381,9 +452,10 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
     from nodes import pack_server
 
     server_mark = pack_server.installed().mark()  # the routes and prompt handlers it adds go if it fails
+    refused: list[tuple[str, str]] = []
     try:
         try:
-            module = _import(path, module_name, report.alias)
+            module = _import(path, module_name, report.alias, report.warnings)
         except PluginError:
             raise
         except (Exception, SystemExit) as exc:
@@ -393,11 +465,18 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         finally:
             report.import_seconds = time.perf_counter() - started
         report.slow = report.import_seconds >= slow_import_seconds
+        own_names = (module_name, report.alias) if report.alias else (module_name,)
+        comfyui_only = comfyui_only_imports(path, own_names, COMFYUI_ONLY_MODULES)
+        for name in comfyui_only[:1]:
+            raise PluginError(f"it imports ComfyUI's `{name}` module, which Weft does not provide (Weft's "
+                              f"`{name}` is its own package){_also_missing(path, own_names)}")
         mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
         if isinstance(mappings, dict):
             report.declared_ids = tuple(str(key) for key in mappings)
         web = _web_directory(module, path, report)
-        specs = _collect_specs(module, module_name, plugin_root)
+        specs = _collect_specs(module, module_name, plugin_root, refused)
+        if refused and not specs and web is None:
+            raise PluginError(f"node refused: {'; '.join(reason for _, reason in refused)}")
         if not specs and web is None:
             hint = ""
             if hasattr(module, "NODES"):
@@ -405,12 +484,19 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
             raise PluginError(f"declares no nodes (no NODE_CLASS_MAPPINGS, {V3_ENTRY_FUNCTION}() or {ENTRY_FUNCTION}()) "
                               f"and no WEB_DIRECTORY{hint}")
         replaced = [f"node '{s.node_id}' replaces the one from {registry.origin(s.node_id)}"
-                    for s in specs if s.node_id in registry]
+                    for s in specs if s.node_id in registry and allow_override]
+        taken = [s for s in specs if s.node_id in registry and not allow_override]
+        hint = " (start with --allow-node-override to let plugins replace nodes)"
+        refused += [(s.node_id, f"node '{s.node_id}' from {module_name}: id already registered by "
+                     f"{registry.origin(s.node_id)}{hint}") for s in taken]
+        specs = [s for s in specs if s not in taken]
+        if not specs and web is None:
+            raise PluginError(f"node refused: {'; '.join(reason for _, reason in refused)}")
         try:
             registry.register_all(specs, origin=module_name, override=allow_override)
-        except NodeDefinitionError as exc:
-            taken = " (start with --allow-node-override to let plugins replace nodes)" if "already registered" in str(exc) else ""
-            raise PluginError(f"node refused: {exc}{taken}") from exc
+        except NodeDefinitionError as exc:  # an id the pack itself declares twice
+            raise PluginError(f"node refused: {exc}") from exc
+        report.warnings.extend(f"node refused: {reason}" for _, reason in refused)
         report.warnings.extend(replaced)
         report.node_ids = tuple(s.node_id for s in specs)
         report.web_directory = web
@@ -426,6 +512,9 @@ def load_plugin(registry: NodeRegistry, path: str | Path, *, name: str | None = 
         report.alias = ""
         pack_server.installed().rollback(server_mark)
         registry.note_failed_source(name, report.reason, report.may_provide)
+    elif refused:  # a workflow naming a refused node is told why it is missing
+        refused_ids = {node_id for node_id, _ in refused}
+        registry.note_failed_source(name, "; ".join(reason for _, reason in refused), refused_ids.__contains__)
     else:
         registry.forget_failed_source(name)
     return report

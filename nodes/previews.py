@@ -1,12 +1,15 @@
-"""Live previews while a sampler runs: the middle latent frame as a picture, the audio as an energy strip.
+"""Live previews while a sampler runs: the middle latent frame as a picture, with the audio's loudness over
+time drawn along its bottom edge.
 
 A video VAE is registered for previews when VAELoader loads it (by its latent channel count, in the
 runtime's shared services, which is where a runtime keeps what its runs share). Its latent-to-pixel
-projection, and every cache of it, is `models/latent_preview.py`'s: this module holds no cache.
+projection, fitted the first time a preview is drawn, and every cache of it are `models/latent_preview.py`'s:
+this module holds no cache.
 
 The samplers run `with SamplerPreviews.start(latent) as previews:` and call `previews.report(...)` per
-step; drawing happens on a render thread, and a preview that fails is logged once and switched off for
-that run, never failing the job.
+step; drawing happens on a render thread, which sends each step's `progress` right after that step's
+preview (ComfyUI's order), and a preview that fails is logged once and switched off for that run, never
+failing the job.
 """
 from __future__ import annotations
 
@@ -19,52 +22,81 @@ import numpy as np
 import torch
 
 from execution.context import RunContext, current
-from models.latent_preview import projection_for
+from models.latent_preview import cache_folder, projection_for
 from nodes.preview_settings import DEFAULT_PREVIEW_SIZE, FULL_DECODE_EVERY, resolve_method
 
 logger = logging.getLogger(__name__)
 
 SOURCES_KEY = "preview_vaes"  # runtime services: {latent channels: the video VAE last loaded with them}
-AUDIO_STRIP_WIDTH = 32
-AUDIO_LEVELS = "▁▂▃▄▅▆▇█"
+AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
+AUDIO_BAND_MIN_PX = 6
+
 
 def register_vae(vae: Any) -> None:
-    """Make a freshly loaded video VAE the preview source for its latents (and fit it unless previews are off)."""
+    """Make a freshly loaded video VAE the preview source for its latents (its projection is fitted when
+    the first preview is drawn)."""
     if getattr(vae, "kind", None) != "video":
         return
     ctx = current()
     channels = int(vae.model.config.latent_channels)
     ctx.runtime.shared(SOURCES_KEY, dict)[channels] = vae
-    if resolve_method(ctx.runtime, ctx.extra_data) != "none":
-        try:
-            projection_for(vae)  # fitted while loading, so sampling never waits for it
-        except Exception:  # previews are optional: a VAE that cannot be fitted still loads
-            logger.warning("%s: the live-preview projection could not be fitted", vae.name, exc_info=True)
 
 
 # ---------------------------------------------------------------------- per sampler run
-def audio_strip(audio: torch.Tensor, width: int = AUDIO_STRIP_WIDTH) -> str:
-    """An audio latent (B, C, lanes, T) as a text strip of its energy over time (first item of the batch)."""
+def audio_loudness(audio: torch.Tensor, bins: int) -> np.ndarray:
+    """An audio latent (B, C, lanes, T) as `bins` loudness values in [0, 1] over time (first item of the
+    batch; the root mean square of each stretch, relative to the loudest)."""
     energy = audio[0].detach().to(device="cpu", dtype=torch.float32).numpy()
     energy = np.square(energy).reshape(-1, energy.shape[-1]).mean(axis=0)
-    if energy.size == 0:
-        return ""
-    edges = np.linspace(0, energy.size, min(width, energy.size) + 1).round().astype(int)
-    bins = np.sqrt(np.array([energy[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]))
-    top = float(bins.max())
+    if energy.size == 0 or bins < 1:
+        return np.zeros(0)
+    edges = np.linspace(0, energy.size, min(bins, energy.size) + 1).round().astype(int)
+    levels = np.sqrt(np.array([energy[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]))
+    top = float(levels.max())
     if top <= 0.0 or not math.isfinite(top):
-        return AUDIO_LEVELS[0] * bins.size
-    levels = np.rint(bins / top * (len(AUDIO_LEVELS) - 1)).astype(int)
-    return "".join(AUDIO_LEVELS[level] for level in levels)
+        return np.zeros(levels.size)
+    return levels / top
+
+
+def draw_audio_band(image: Any, audio: torch.Tensor) -> Any:
+    """`image` with the audio's loudness over time drawn as bars along its bottom edge (a new image)."""
+    from PIL import Image, ImageDraw
+
+    width, height = image.size
+    band = max(AUDIO_BAND_MIN_PX, round(height * AUDIO_BAND))
+    if band >= height:
+        band = height
+    levels = audio_loudness(audio, max(1, width // 2))
+    out = image.convert("RGB")
+    shade = Image.new("RGB", (width, band), (16, 16, 16))
+    out.paste(Image.blend(out.crop((0, height - band, width, height)), shade, 0.7), (0, height - band))
+    draw = ImageDraw.Draw(out)
+    step = width / max(1, levels.size)
+    for index, level in enumerate(levels):
+        bar = max(1, round(float(level) * (band - 2)))
+        left = round(index * step)
+        right = max(left, round((index + 1) * step) - 1)
+        draw.rectangle((left, height - 1 - bar, right, height - 1), fill=(120, 220, 160))
+    return out
+
+
+def audio_picture(audio: torch.Tensor, size: int) -> Any:
+    """A preview of audio alone (no video to draw): its loudness band on a dark picture."""
+    from PIL import Image
+
+    width = max(8, size)
+    blank = Image.new("RGB", (width, max(8, width // 4)), (16, 16, 16))
+    return draw_audio_band(blank, audio) if audio.numel() else blank
 
 
 class SamplerPreviews:
     """One sampler run's progress and previews. Used as `with SamplerPreviews.start(latent) as previews:`.
 
-    `report` sends the step's progress at once, in order, and hands the step's middle latent frame and
-    audio latent (small copies) to a render thread that keeps only the newest: the sampler never waits
-    for a picture to be drawn or encoded. Leaving the block waits for the last one, so every preview of
-    a node comes before the node's end.
+    With previews on, `report` hands each step (its middle latent frame and audio latent, small copies) to
+    a render thread and returns: the sampler never waits for a picture. The thread draws the newest step
+    waiting and sends the steps it skipped as plain progress, then the drawn step's `progress` carrying
+    its preview, so every step's progress arrives, in order, each after its own preview. Leaving the block
+    waits for the last one, so every preview of a node comes before the node's end.
     """
 
     def __init__(self, ctx: RunContext, method: str, vae: Any = None, size: int = DEFAULT_PREVIEW_SIZE) -> None:
@@ -73,8 +105,7 @@ class SamplerPreviews:
         self.vae = vae
         self.size = size
         self.failed = False
-        self._pending: tuple | None = None
-        self._busy = False
+        self._pending: list[tuple] = []
         self._closed = False
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -99,24 +130,25 @@ class SamplerPreviews:
         self.close(wait=kind is None)
 
     def report(self, step: int, total: int, denoised: dict) -> None:
-        """Progress for `step`; its preview picture and audio strip follow from the render thread."""
-        if self.method != "none" and not self.failed:
-            video, audio = denoised.get("samples"), denoised.get("audio_samples")
-            frame = None
+        """Progress for `step`, after its preview when previews are on; checks interruption."""
+        self.ctx.check_interrupted()
+        if self.method == "none":
+            self.ctx.send_progress(step, total)
+            return
+        video, audio = denoised.get("samples"), denoised.get("audio_samples")
+        frame = sound = None
+        if not (self.method == "full" and step % FULL_DECODE_EVERY and step != total):
             if self.vae is not None and isinstance(video, torch.Tensor) and video.dim() == 5:
                 frame = video[0, :, video.shape[2] // 2].detach().clone()  # the middle latent frame
-            if self.method == "full" and step % FULL_DECODE_EVERY and step != total:
-                frame = None
-            sound = audio[:1].detach().clone() if isinstance(audio, torch.Tensor) and audio.dim() >= 3 else None
-            if frame is not None or sound is not None:
-                self._submit((step, total, frame, sound))
-        self.ctx.progress(step, total)
+            if isinstance(audio, torch.Tensor) and audio.dim() >= 3:
+                sound = audio[:1].detach().clone()
+        self._submit((step, total, frame, sound))
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop the render thread; with `wait`, after it has sent the last preview handed to it."""
+        """Stop the render thread; with `wait`, after it has sent every step handed to it."""
         with self._wake:
             if not wait:
-                self._pending = None
+                self._pending.clear()
             self._closed = True
             self._wake.notify_all()
         if self._thread is not None:
@@ -125,7 +157,7 @@ class SamplerPreviews:
     # render thread
     def _submit(self, work: tuple) -> None:
         with self._wake:
-            self._pending = work  # an older step not yet drawn is skipped: the newest wins
+            self._pending.append(work)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._render_loop, name=f"weft-preview-{self.ctx.node_id}",
                                                 daemon=True)
@@ -135,36 +167,35 @@ class SamplerPreviews:
     def _render_loop(self) -> None:
         while True:
             with self._wake:
-                while self._pending is None and not self._closed:
+                while not self._pending and not self._closed:
                     self._wake.wait()
-                work, self._pending = self._pending, None
-                if work is None:
+                if not self._pending:
                     return
-            if self.failed:
-                continue
-            try:
-                self._render(*work)
-            except Exception:
-                self.failed = True
-                logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,
-                               exc_info=True)
+                work, self._pending = self._pending, []
+            for step, total, _, _ in work[:-1]:  # older steps not drawn: the newest wins
+                self.ctx.send_progress(step, total)
+            step, total, frame, sound = work[-1]
+            picture = None
+            if not self.failed and (frame is not None or sound is not None):
+                try:
+                    picture = self._picture(frame, sound)
+                except Exception:
+                    self.failed = True
+                    logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,
+                                   exc_info=True)
+            self.ctx.send_progress(step, total, preview=("JPEG", picture, self.size) if picture is not None else None)
 
-    def _render(self, step: int, total: int, frame: torch.Tensor | None, sound: torch.Tensor | None) -> None:
-        image = self._picture(frame) if frame is not None else None
-        strip = audio_strip(sound) if sound is not None else ""
-        self.ctx.show(text=f"audio {strip}" if strip else None,
-                      preview=("JPEG", image, self.size) if image is not None else None)
-
-    def _picture(self, frame: torch.Tensor):
+    def _picture(self, frame: torch.Tensor | None, sound: torch.Tensor | None):
         from PIL import Image
 
+        if frame is None:
+            return audio_picture(sound, self.size)
         patch = int(self.vae.model.config.spatial_ratio)
         if self.method == "full":
             pixels = self.vae.model.decode(frame[None, :, None], tile_batch=1)[0, 0]
-        elif self.method == "taesd-like":
-            pixels = projection_for(self.vae).to_pixels(frame)
         else:
-            pixels = projection_for(self.vae).to_rgb(frame)
+            projection = projection_for(self.vae, cache_folder(self.ctx.paths.user), announce=self._announce_fit)
+            pixels = projection.to_pixels(frame) if self.method == "taesd-like" else projection.to_rgb(frame)
         array = (pixels.mul(255.0).add_(0.5).clamp_(0, 255)).to(torch.uint8).numpy()
         image = Image.fromarray(array)
         # Never larger than the real picture nor than --preview-size on its long side.
@@ -173,4 +204,9 @@ class SamplerPreviews:
         target = (max(1, round(full_w * scale)), max(1, round(full_h * scale)))
         if image.size != target:
             image = image.resize(target, Image.BILINEAR)
-        return image
+        return draw_audio_band(image, sound) if sound is not None else image
+
+    def _announce_fit(self) -> None:
+        self.ctx.show(text="preparing live previews: fitting the preview colours from the VAE "
+                           "(once per VAE file; the sampler keeps running)")
+        logger.info("%s: fitting the live-preview projection (once per VAE file)", getattr(self.vae, "name", "VAE"))

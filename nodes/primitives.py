@@ -32,6 +32,8 @@ def _describe(value: Any) -> str:
     if callable(summary):
         return summary()
     shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) == 0 and callable(getattr(value, "item", None)):
+        value, shape = value.item(), None  # a numpy scalar or 0-d tensor is one value: show it
     if shape is not None:
         return f"{type(value).__name__} of shape {list(shape)}, dtype {getattr(value, 'dtype', '?')}"
     return _SHORT_REPR.repr(value)

@@ -138,8 +138,13 @@ def spec_from_v3_class(cls: type, *, node_id: str | None = None, python_module: 
             except ValueError:
                 _fail(node_id, "Schema.hidden", f"unknown hidden value {value!r}; known: "
                       f"{', '.join(m.name for m in io.Hidden)}")
-        hidden[member.name] = member
-        inputs.append(InputSpec(member.name, member.value, "hidden"))
+        # Hidden values live apart from the inputs (`cls.hidden`): an input may share a hidden value's
+        # name (an input `prompt` beside io.Hidden.prompt), so that value then travels under another key.
+        key = member.name
+        while any(spec.name == key for spec in inputs):
+            key = f"{key}_hidden"
+        hidden[key] = member
+        inputs.append(InputSpec(key, member.value, "hidden"))
     outputs = [_output(node_id, i, item, io) for i, item in enumerate(schema.outputs)]
     hooks = _Hooks(cls, node_id, hidden, io, len(outputs), schema.enable_expand)
     lazy = any(spec.lazy for spec in inputs)
@@ -168,6 +173,7 @@ def spec_from_v3_class(cls: type, *, node_id: str | None = None, python_module: 
         has_intermediate_output=bool(schema.has_intermediate_output),
         dev_only=bool(schema.is_dev_only),
         essentials_category=schema.essentials_category,
+        lenient=True,
     )
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from execution.context import current
+
 from media.audio import check_audio, match_channels, resample_waveform
 from media.image import check_image
 from nodes.latent import check_latent
@@ -21,7 +23,7 @@ def encode_frames(node: str, vae: Any, frames: torch.Tensor, name: str = "pixels
     """Frames (T, H, W, C) of one clip encoded by the video VAE: a normalised latent (1, 24, T', H/16, W/16)."""
     frames = check_image(node, frames, name)
     try:
-        return vae.model.encode(frames[..., :3])
+        return vae.model.encode(frames[..., :3], progress=current().progress)  # a bar per clip
     except ValueError as exc:
         raise ValueError(f"{node}: {exc}") from None
 
@@ -50,7 +52,7 @@ def _vae_decode(samples: dict, vae: Any) -> tuple[torch.Tensor]:
     vae = check_vae("VAEDecode", vae, "video")
     latent = check_latent("VAEDecode", samples)["samples"]
     try:
-        frames = vae.model.decode(latent)  # (B, T, H, W, 3) float32
+        frames = vae.model.decode(latent, progress=current().progress)  # (B, T, H, W, 3) float32; a bar per tile
     except ValueError as exc:
         raise ValueError(f"VAEDecode: {exc}") from None
     # IMAGE has no clip axis: the clips of the batch are laid end to end (a reshape, no copy).
@@ -72,7 +74,8 @@ def _vae_decode_tiled(samples: dict, vae: Any, tile_size: int, overlap: int, tem
         overlap = tile // 4
     overlap = overlap // 16 * 16
     try:
-        frames = vae.model.decode(latent, tile_size=tile, tile_overlap=overlap)  # (B, T, H, W, 3) float32
+        frames = vae.model.decode(latent, tile_size=tile, tile_overlap=overlap,
+                                  progress=current().progress)  # (B, T, H, W, 3) float32
     except ValueError as exc:
         raise ValueError(f"VAEDecodeTiled: {exc}") from None
     return (frames.reshape(-1, *frames.shape[2:]),)
@@ -87,7 +90,7 @@ def _vae_decode_audio(samples: dict, vae: Any) -> tuple[dict]:
     vae = check_vae("VAEDecodeAudio", vae, "audio")
     latent = check_latent("VAEDecodeAudio", samples, need=("audio_samples",))
     try:
-        waveform = vae.model.decode(latent["audio_samples"])  # (B, 2, T_a * 800)
+        waveform = vae.model.decode(latent["audio_samples"], progress=current().progress)  # (B, 2, T_a * 800)
     except ValueError as exc:
         raise ValueError(f"VAEDecodeAudio: {exc}") from None
     rate = vae.audio_sample_rate

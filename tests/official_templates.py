@@ -1,6 +1,6 @@
-"""The official MiniMax H3 templates, read from the `comfyui-workflow-templates-json` package (test extra).
+"""The official MiniMax H3 templates, read from the `comfyui-workflow-templates-json` package (a runtime dependency).
 
-The package is pinned in requirements-test.txt, so a fresh clone's `make test` has it and no template
+The package is pinned in requirements.txt, so a fresh clone's `make test` has it and no template
 test skips; a missing package is an error here, not a skip.
 """
 from __future__ import annotations

@@ -65,11 +65,11 @@ def test_validate_accepts_the_default_workflow(tmp_path):
 
 def test_missing_file_and_bad_json_are_reported(tmp_path):
     missing = run_cli("run", tmp_path / "nope.json", "--base-directory", tmp_path)
-    assert missing.returncode != 0 and "does not exist" in missing.stdout
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     bad = run_cli("run", broken, "--base-directory", tmp_path)
-    assert bad.returncode != 0 and "not valid JSON" in bad.stdout
+    assert bad.returncode != 0 and "not valid JSON" in bad.stderr
 
 
 def test_ui_workflow_with_subgraphs_bypass_and_mute_runs_headless(tmp_path):
@@ -114,6 +114,9 @@ def test_every_flag_has_help_and_validate_lists_only_what_it_uses():
 def test_set_naming_an_undeclared_input_is_refused_with_the_node_inputs(tmp_path):
     done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path, "--set", "2.nosuchinput=3")
     assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()  # one line for a person
+    assert "'nosuchinput'" in line and "ImageScale" in line and "width" in line and "height" in line
+    done = run_cli("run", "workflows/default.json", "--base-directory", tmp_path, "--set", "2.nosuchinput=3", "--json")
     error = json.loads(done.stdout)["error"]
     assert "'nosuchinput'" in error["message"] and "ImageScale" in error["message"]
     assert "width" in error["details"] and "height" in error["details"]
@@ -150,3 +153,77 @@ def test_loader_errors_on_an_empty_base_say_how_to_get_models(tmp_path):
     models = tmp_path.resolve() / "models"
     assert f"python -m models.h3.make_tiny --models-dir {models}" in unet
     assert str(models / "diffusion_models") in unet
+
+
+# ---------------------------------------------------------------------- templates by name, --set by title
+def test_templates_lists_weft_and_official_templates_grouped():
+    done = run_cli("templates", "h3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "Weft (workflows/):" and "  h3_t2va" in lines
+    video = lines.index("Video (official):")
+    assert any(line.split()[0] == "video_minimax_h3_t2v" for line in lines[video + 1:] if line.startswith("  "))
+    assert run_cli("templates", "no_such_words_anywhere").returncode == 1
+
+
+def test_templates_write_examples_writes_the_pictures_the_h3_templates_load_and_keeps_existing_ones(tmp_path):
+    from PIL import Image
+
+    from execution.templates import example_input_names
+
+    names = [n for n in example_input_names() if "/" not in n and "\\" not in n]
+    assert names, "the official H3 templates load example pictures"
+    kept = tmp_path / names[0]
+    kept.write_bytes(b"a user's own picture")
+    done = run_cli("templates", "--write-examples", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert kept.read_bytes() == b"a user's own picture"
+    for name in names[1:]:
+        with Image.open(tmp_path / name) as picture:
+            assert picture.size == (96, 64)
+
+
+def test_validate_and_show_inputs_by_template_name_and_set_by_title_and_subgraph_widget(tmp_path):
+    shown = run_cli("validate", "video_minimax_h3_t2v", "--base-directory", tmp_path, "--show-inputs",
+                    "--set", "Resolution Selector.megapixels=0.1", "--set", "duration=0.2")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    rows = {line.split()[1]: line for line in shown.stdout.splitlines()[1:]}
+    assert "140:133.value" in rows["duration"] and " 0.2 " in rows["duration"]
+    assert " 0.1 " in rows["115.megapixels"] and "(Resolution Selector)" in rows["115.megapixels"]
+    assert "turbo_steps" in rows and "audio_vae" in rows
+    # Validation by name on an empty base: it gets as far as the missing model files.
+    checked = run_cli("validate", "video_minimax_h3_t2v.json", "--base-directory", tmp_path, "--set", "duration=0.2")
+    assert checked.returncode == 2 and "minimax_h3_fl2va_pruned_int8_convrot" in checked.stdout
+    unknown = run_cli("run", "video_minimax_h3_t2", "--base-directory", tmp_path)
+    assert unknown.returncode == 2
+    assert "no template is called that" in unknown.stderr and "video_minimax_h3_t2v" in unknown.stderr
+    wrong = run_cli("validate", "video_minimax_h3_t2v", "--base-directory", tmp_path, "--set", "lenght=3")
+    assert wrong.returncode == 2 and "duration" in wrong.stderr and "--show-inputs" in wrong.stderr
+
+
+def test_parse_set_addresses_titles_and_subgraph_widgets():
+    import main
+    from execution.convert import ExposedWidget
+    from execution.errors import PromptError
+
+    prompt = {"1": {"class_type": "X", "inputs": {"a": 1}, "_meta": {"title": "Size.Picker"}},
+              "2": {"class_type": "X", "inputs": {"a": 1}, "_meta": {"title": "Twin"}},
+              "3": {"class_type": "X", "inputs": {"a": 1}, "_meta": {"title": "Twin"}},
+              "9:4": {"class_type": "X", "inputs": {"v": 1}}, "9:5": {"class_type": "X", "inputs": {"v": 1}}}
+    exposed = [ExposedWidget("9", "Inner", "value_1", "duration", 1, [("9:4", "v"), ("9:5", "v")])]
+    main.parse_set(["Size.Picker.a=5", "duration=2.5", "Inner.value_1=[1, 2]"][:2], prompt, exposed=exposed)
+    assert prompt["1"]["inputs"]["a"] == 5 and prompt["9:4"]["inputs"]["v"] == prompt["9:5"]["inputs"]["v"] == 2.5
+    main.parse_set(["Inner.duration=3"], prompt, exposed=exposed)
+    assert prompt["9:5"]["inputs"]["v"] == 3
+    with pytest.raises(PromptError, match="2 nodes are titled 'Twin'"):
+        main.parse_set(["Twin.a=1"], prompt, exposed=exposed)
+
+
+def test_a_missing_input_picture_is_one_line_naming_the_file_the_folder_and_how_to_provide_it(tmp_path):
+    done = run_cli("run", "video_minimax_h3_i2v", "--base-directory", tmp_path, "--set", "duration=0.2")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert all(line.startswith("error: node ") for line in lines), lines  # one line per failing input
+    (picture,) = [line for line in lines if "transparent_rgb_gaming_mouse.png" in line]
+    assert "(LoadImage), input 'image'" in picture and f"searched folder: {tmp_path.resolve() / 'input'}" in picture
+    assert "upload it in the editor" in picture

@@ -667,9 +667,13 @@ def _describe_workflow(data: dict) -> str:
 
 
 async def get_template_index(request: web.Request) -> web.Response:
-    """The editor's template index: the workflows folder as one "Weft" category."""
+    """The editor's template index: the workflows folder as one "Weft" category, then the official
+    templates grouped as the official index groups them (execution/templates.py). Every thumbnail is a
+    diagram Weft draws of the workflow (`name-1.png`): the official package ships none."""
+    from execution import templates as official
+
     state = state_of(request)
-    templates = []
+    local = []
     for name in _template_names(state):
         try:
             data = json.loads((state.config.workflows_dir / f"{name}.json").read_text(encoding="utf-8"))
@@ -677,10 +681,17 @@ async def get_template_index(request: web.Request) -> web.Response:
             continue
         if not isinstance(data, dict):
             continue
-        templates.append({"name": name, "title": name.replace("_", " ").replace("-", " ").capitalize(),
-                          "description": _describe_workflow(data), "mediaType": "image", "mediaSubtype": "png"})
-    return web.json_response([{"moduleName": "default", "title": "Weft", "type": "image", "category": "Weft",
-                               "templates": templates}])
+        local.append({"name": name, "title": name.replace("_", " ").replace("-", " ").capitalize(),
+                      "description": _describe_workflow(data), "mediaType": "image", "mediaSubtype": "png"})
+    groups = [{"moduleName": "default", "title": "Weft", "type": "image", "category": "Weft", "templates": local}]
+    shadowed = set(_template_names(state))  # a local workflow of the same name wins, as run-by-name does
+    for category in await asyncio.get_running_loop().run_in_executor(None, official.official_categories):
+        entries = [{**entry, "mediaType": "image", "mediaSubtype": "png", "thumbnailVariant": None}
+                   for entry in category.entries if entry["name"] not in shadowed]
+        if entries:
+            groups.append({"moduleName": "default", "title": category.title, "type": category.kind,
+                           "category": "Official templates", "templates": entries})
+    return web.json_response(groups)
 
 
 def render_thumbnail(data: dict, size: tuple[int, int] = (400, 300)) -> bytes:
@@ -733,25 +744,36 @@ def render_thumbnail(data: dict, size: tuple[int, int] = (400, 300)) -> bytes:
 
 @refuses_os_errors
 async def get_template_file(request: web.Request) -> web.StreamResponse:
-    """A template workflow (`name.json`) or its thumbnail (`name-1.png`)."""
+    """A template workflow (`name.json`) or its thumbnail (`name-1.png`): from the workflows folder, else
+    an official template."""
+    from execution import templates as official
+
     state = state_of(request)
     name = request.match_info["name"]
     folder = state.config.workflows_dir
     try:
         if name.endswith(".json"):
             path = confine(folder, name)
-            if not path.is_file():
+            if path.is_file():
+                return web.FileResponse(path, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
+            text = official.official_text(name)
+            if text is None:
                 return _bad(f"no template {name[:200]!r}", 404)
-            return web.FileResponse(path, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
+            return web.Response(text=text, content_type="application/json", headers={"Cache-Control": "no-cache"})
         stem, dash, rest = name.rpartition("-")
         if dash and rest in ("1.png", "2.png"):
             path = confine(folder, f"{stem}.json")
-            if not path.is_file():
-                return _bad(f"no template {stem[:200]!r}", 404)
+            if path.is_file():
+                key = (str(path), path.stat().st_mtime_ns)
+                read = lambda: path.read_text(encoding="utf-8")  # noqa: E731
+            else:
+                text = official.official_text(stem)
+                if text is None:
+                    return _bad(f"no template {stem[:200]!r}", 404)
+                key, read = ("official", stem), lambda: text
             cache = request.app[THUMBNAILS]
-            key = (str(path), path.stat().st_mtime_ns)
             if key not in cache:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = json.loads(read())
                 cache[key] = await asyncio.get_running_loop().run_in_executor(None, render_thumbnail, data)
             return web.Response(body=cache[key], content_type="image/png", headers={"Cache-Control": "no-cache"})
     except UnsafePathError as exc:

@@ -33,6 +33,14 @@ def build_parser(add_common_arguments: Callable[[argparse.ArgumentParser], None]
     parser.add_argument("--in-process-jobs", action="store_true",
                         help="run jobs on a thread of the server's process instead of a worker process (one "
                              "process to debug; a node that never yields then stalls the server)")
+    group = parser.add_argument_group("one job on several devices (sequence parallel)")
+    group.add_argument("--ranks-per-worker", type=int, default=1, metavar="N",
+                       help="run each job on N ranks (processes, one device each) that split the H3 transformer's "
+                            "sequence and the video decode; N must divide the model's head count (56 for H3: 1, 2, "
+                            "4, 7, 8). Without Ray the one worker is N local processes")
+    group.add_argument("--rank-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="how long a rank waits for the others inside a collective before the job fails and "
+                            "the group is restarted (default 300)")
     cluster = parser.add_argument_group("workers on Ray (needs the ray package: pip install ray==2.60.0)")
     cluster.add_argument("--workers", type=int, default=None, metavar="N",
                          help="run jobs on N workers: with --ray-address, actors on the cluster (default one per "

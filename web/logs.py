@@ -2,8 +2,13 @@
 
 `/internal/logs` answers the recent lines as one text, `/internal/logs/raw` as `{entries: [{t, m}], size:
 {cols, rows}}`, and `PATCH /internal/logs/subscribe` (`{clientId, enabled}`) turns on or off a `logs`
-websocket event for that client with each new batch of lines (ComfyUI's shapes). Lines logged inside the
-job worker process stay in that process's own output.
+websocket event for that client with each new batch of lines (ComfyUI's shapes).
+
+One log for every process of a job: the server logs each accepted prompt ("got prompt"), each run's end
+with its time, and a failed node's error with its traceback (`JobLog`, fed by the engine's events, which
+reach the server from whichever worker ran the job); a job worker (a child process or a Ray actor) sends
+its own log lines as `log` events (execution/worker.py), which `JobLog` logs here under their own logger
+name. All of it goes through the server's logging, so the terminal and the logs panel show the same lines.
 """
 from __future__ import annotations
 
@@ -107,16 +112,51 @@ def add_routes(table: list[tuple[str, str, Any]]) -> None:
                   ("PATCH", "/internal/logs/subscribe", patch_subscribe)])
 
 
+class JobLog:
+    """An event subscriber that logs what a person follows a job by: its run time or its failure with the
+    node's traceback, and the log lines its worker sent."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}  # prompt id -> execution_start timestamp (ms)
+        self.logger = logging.getLogger("weft.jobs")
+        self.logger.setLevel(logging.INFO)  # shown even where the root logger is left at WARNING
+
+    def __call__(self, event: str, data: dict) -> None:
+        prompt_id = data.get("prompt_id")
+        if event == "log":
+            logging.getLogger(str(data.get("name") or "weft.worker")).log(
+                int(data.get("level") or logging.INFO), "%s", data.get("message", ""))
+        elif event == "execution_start" and prompt_id:
+            self.started[prompt_id] = float(data.get("timestamp") or 0.0)
+        elif event in ("execution_success", "execution_error", "execution_interrupted") and prompt_id:
+            began = self.started.pop(prompt_id, None)
+            ended = float(data.get("timestamp") or 0.0)
+            took = f" in {(ended - began) / 1000.0:.2f} seconds" if began and ended >= began else ""
+            if event == "execution_success":
+                self.logger.info("prompt %s executed%s", prompt_id, took)
+            elif event == "execution_interrupted":
+                self.logger.info("prompt %s interrupted at node %s%s", prompt_id, data.get("node_id"), took)
+            else:
+                trace = "".join(data.get("traceback") or [])
+                self.logger.error("prompt %s failed%s: node %s (%s): %s: %s%s", prompt_id, took, data.get("node_id"),
+                                  data.get("node_type"), data.get("exception_type"), data.get("exception_message"),
+                                  f"\n{trace.rstrip()}" if trace else "")
+
+
 def install(app: web.Application) -> None:
-    """Keep the process's log lines for this application while it runs."""
+    """Keep the process's log lines for this application while it runs, with the jobs' own lines."""
     buffer = app[LOGS_KEY] = LogBuffer()
+    unsubscribe: list = []
 
     async def start(app: web.Application) -> None:
         buffer.loop, buffer.hub = asyncio.get_running_loop(), app[STATE_KEY].hub
         logging.getLogger().addHandler(buffer)
+        unsubscribe.append(app[STATE_KEY].runtime.events.subscribe(JobLog()))
 
     async def stop(app: web.Application) -> None:
         logging.getLogger().removeHandler(buffer)
+        while unsubscribe:
+            unsubscribe.pop()()
         buffer.loop = None
 
     app.on_startup.append(start)

@@ -56,7 +56,7 @@ def _input_info(inp: InputSpec) -> list[Any] | str:
     """One input's entry: `TYPE` or `[TYPE]` when hidden (as declared), `[choices, options]` for a
     combo, else `[TYPE, options]`; dynamic combos and auto-grow groups carry their nested inputs in
     their options."""
-    if inp.kind == "hidden":
+    if inp.kind == "hidden" and (inp.executor_supplied or not inp.options):
         return inp.type if inp.hidden_as_string else [inp.type]
     opts = dict(inp.options)
     if inp.type == "COMBO":

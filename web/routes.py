@@ -25,6 +25,7 @@ from web.security import JsonTooDeep, check_json_depth, json_error, loads_bounde
 from web.state import STATE_KEY, WEFT_VERSION, ServerState
 
 logger = logging.getLogger(__name__)
+JOBS_LOG = logging.getLogger("weft.jobs")  # what a person follows jobs by (web/logs.py sets it to INFO)
 
 MEDIA_KEYS = ("images", "video", "audio", "gifs", "animated_images")  # ui output lists the editor can preview
 
@@ -129,6 +130,7 @@ async def post_prompt(request: web.Request) -> web.Response:
             outputs_to_execute=list(validated.outputs), partial_targets=targets))
     except ValueError as exc:
         return _bad(str(exc))
+    JOBS_LOG.info("got prompt %s", prompt_id)  # the logs panel's first line of every job, as in ComfyUI
     state.runner.submitted(prompt_id, validated)
     state.queue_changed()
     shown = int(job.number) if float(job.number).is_integer() else job.number

@@ -319,6 +319,22 @@ def main(argv: list[str], *, add_common_arguments: Callable[[argparse.ArgumentPa
     return serve(parser, parser.parse_args(argv), runtime_factory, worker_pool=worker_pool)
 
 
+def clear_previews(temp_dir: Path) -> int:
+    from execution.paths import PREVIEW_FILE_PREFIX
+
+    """Remove the preview pictures earlier runs left in the temporary folder (ComfyUI empties it at start-up;
+    Weft removes only its own preview files, in case the folder holds anything else). Returns how many."""
+    removed = 0
+    for path in Path(temp_dir).glob(f"**/{PREVIEW_FILE_PREFIX}*") if Path(temp_dir).is_dir() else []:
+        try:
+            if path.is_file():
+                path.unlink()
+                removed += 1
+        except OSError:  # a file in use or not ours to remove: left as it is
+            continue
+    return removed
+
+
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
           runtime_factory: Callable[[argparse.Namespace], AppRuntime], *,
           worker_pool: Callable[[Any, ServerConfig], Any] | None = None) -> int:
@@ -334,6 +350,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      "or --ray-address")
     config = config_from_args(args)
     runtime = runtime_factory(args)
+    clear_previews(runtime.paths.temp)
     config.worker_pool = worker_pool
     if not args.in_process_jobs:  # the worker process builds its own runtime the same way
         config.worker_recipe = RuntimeRecipe(runtime_factory, args)

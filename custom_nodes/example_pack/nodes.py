@@ -2,7 +2,7 @@
 
 Weft adapts each class into its NodeSpec at start-up (INPUT_TYPES is read once, then). The helpers
 imported below (`folder_paths`, `comfy.utils`) come from Weft's compatibility layer, which provides a
-few ComfyUI helper modules; see the README's "Custom nodes" section for the list.
+few ComfyUI helper modules; see docs/custom-nodes.md for the list.
 """
 import os
 

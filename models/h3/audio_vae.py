@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import memory
+from models import memory, parallel
 from models.h3 import tiling
 from models import ops
 from models.h3.layers import attention, compute_device
@@ -306,6 +307,7 @@ class AudioVAE(nn.Module):
         """Waveform sample rate in Hz (32000)."""
         return self.config.sample_rate
 
+    @parallel.on_root_in_group  # a rank group decodes and encodes sound on rank 0
     def encode(self, waveform: torch.Tensor) -> torch.Tensor:
         """(B, 2, S) or (2, S) at 32 kHz in [-1, 1] -> (B, 32, 2, ceil(S / 800)); S is zero-padded to whole hops."""
         w = waveform if waveform.dim() == 3 else waveform.unsqueeze(0)
@@ -325,14 +327,17 @@ class AudioVAE(nn.Module):
             z = (z - stats["latents_mean"].view(1, -1, 1)) / stats["latents_std"].view(1, -1, 1)
             return z.reshape(b, lanes, z.shape[1], z.shape[2]).permute(0, 2, 1, 3)
 
-    def decode(self, latents: torch.Tensor, *, chunk_frames: int | None = None, overlap_frames: int = 8) -> torch.Tensor:
+    @parallel.on_root_in_group  # a rank group decodes and encodes sound on rank 0
+    def decode(self, latents: torch.Tensor, *, chunk_frames: int | None = None, overlap_frames: int = 8,
+               progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """(B, 32, 2, T) -> (B, 2, T * 800) float32 waveform at 32 kHz in [-1, 1], on the CPU.
 
         Decoded in chunks of `chunk_frames` latent frames, each with `overlap_frames` of context on both
         sides, neighbouring chunks cross-faded linearly over `overlap_frames`. chunk_frames=None sizes the
         chunks automatically: the first (AUTO_FIRST_CHUNK frames) is measured, the rest fit in the free
         device memory at that measured per-frame cost (audio this short or memory this plentiful is one
-        chunk, i.e. one shot). An out-of-memory error halves the chunk and retries.
+        chunk, i.e. one shot). An out-of-memory error halves the chunk and retries. progress(latent frames
+        done, latent frames) is called after each chunk.
         """
         cfg = self.config
         if latents.dim() != 4 or latents.shape[1] != cfg.latent_channels or latents.shape[2] != 2:
@@ -348,7 +353,7 @@ class AudioVAE(nn.Module):
         with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             z = latents.permute(0, 2, 1, 3).reshape(b * lanes, c, t).to(compute_device(self), torch.float32)
             z = z * stats["latents_std"].view(1, -1, 1) + stats["latents_mean"].view(1, -1, 1)
-            wave = self._decode_chunked(z, chunk_frames, overlap_frames)
+            wave = self._decode_chunked(z, chunk_frames, overlap_frames, progress)
             return wave.reshape(b, lanes, -1)
 
     def _decode_frames(self, z: torch.Tensor) -> torch.Tensor:
@@ -365,7 +370,8 @@ class AudioVAE(nn.Module):
         allowed = int(tiling.free_bytes() * self.CHUNK_MEMORY_SHARE) // max(1, int(frame_cost_bytes))
         return int(max(2 * overlap, min(self.AUTO_MAX_CHUNK, allowed - 2 * overlap)))
 
-    def _decode_chunked(self, z: torch.Tensor, chunk: int | None, overlap: int) -> torch.Tensor:
+    def _decode_chunked(self, z: torch.Tensor, chunk: int | None, overlap: int,
+                        progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
         # Chunk [start, stop) is decoded with `overlap` frames of context on each side; the next chunk starts
         # `overlap` frames before this one stops, and the shared frames are cross-faded linearly. Every chunk
         # is added straight into the one output buffer.
@@ -411,6 +417,8 @@ class AudioVAE(nn.Module):
             out[:, start * hop:stop * hop] += wave.to(out.device)
             self.last_chunks.append((start, stop))
             del wave
+            if progress is not None:
+                progress(stop, t)
             if stop >= t:
                 return out
             start = stop - overlap

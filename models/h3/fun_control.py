@@ -179,7 +179,10 @@ class FunControlNet(nn.Module):
                                    device=hint_rows.device)
             else:
                 continue
-            control[seg.start:seg.stop] = self.project_hint(hint, stream)
+            if (where := context.rows_here(seg.start, seg.stop)) is None:
+                continue  # sequence parallel: another rank holds these rows
+            here, within = where
+            control[here] = self.project_hint(hint[within], stream)
         return stream + self.control_blocks[0].before_proj(control)
 
     def advance(self, order: int, control: torch.Tensor, context: BlockContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +262,9 @@ class _ControlRun:
     def __init__(self, hook: "FunControlHook", context: BlockContext, rows: torch.Tensor) -> None:
         self.net, self.strength, self.context, self.rows = hook.net, hook.strength, context, rows
         self.order_of = {layer: order for order, layer in enumerate(hook.net.config.injection_layers)}
-        # The patch steers the picture only: its skip is zeroed on every audio row.
-        self.audio_spans = [(seg.start, seg.stop) for seg in context.layout.segments if seg.role in AUDIO_ROLES]
+        # The patch steers the picture only: its skip is zeroed on every audio row (those this rank holds).
+        self.audio_rows = [where[0] for seg in context.layout.segments
+                           if seg.role in AUDIO_ROLES and (where := context.rows_here(seg.start, seg.stop)) is not None]
         self.control: torch.Tensor | None = None
 
     def __call__(self, index: int, block_input: torch.Tensor, block_output: torch.Tensor) -> torch.Tensor:
@@ -270,8 +274,8 @@ class _ControlRun:
         if order == 0:
             self.control = self.net.open_stream(block_input, self.rows, self.context)
         self.control, skip = self.net.advance(order, self.control, self.context)
-        for start, stop in self.audio_spans:
-            skip[start:stop] = 0
+        for rows in self.audio_rows:
+            skip[rows] = 0
         return torch.add(block_output, skip.to(block_output.dtype), alpha=self.strength)
 
 

@@ -149,6 +149,19 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
     after each step with the current x0 estimate {"samples", "audio_samples"}; raise from it to interrupt.
     Deterministic for a given seed. video_shift / audio_shift default to the model config's (12 / 3).
     """
+    from models import memory
+    from models.patcher import PLACED_DEVICE
+
+    # A MODEL placed on its own device (SelectModelDevice) samples there: the inputs are made on it too.
+    handle = getattr(model, "handle", model)  # a guided model wraps the MODEL handle
+    with memory.placed_on(getattr(handle, "options", {}).get(PLACED_DEVICE)):
+        return _sample(model, latent, conditioning, sigmas, noise_seed, sampler, callback, video_shift=video_shift,
+                       audio_shift=audio_shift, add_noise=add_noise)
+
+
+def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str,
+            callback: Callable[[int, int, dict], None] | None, *, video_shift: float | None,
+            audio_shift: float | None, add_noise: bool) -> dict:
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; H3 supports {', '.join(SAMPLERS)}")
     if "samples" not in latent or "audio_samples" not in latent:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.prologues import Prologue
-from models import ops
+from models import ops, parallel
 from models.h3 import packing
 from models.h3.packing import SegmentRole as Role
 from models.h3 import sparse_attention
@@ -124,14 +124,22 @@ class RotarySelfAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rope_split_half(q, *rope), rope_split_half(k, *rope)
+        gate = None
+        if sparse is not None and sparse.plan is not None and self.to_gate_compress is not None:
+            gate = self.to_gate_compress(x).view(rows, self.heads, self.head_dim)
+        split = parallel.active_split()
+        if split is not None:
+            # Sequence parallel: trade this rank's rows of every head for every row of its share of the heads.
+            traded = split.heads_to_rows(q, k, v, *(() if gate is None else (gate,)))
+            q, k, v, gate = traded[0], traded[1], traded[2], (traded[3] if gate is not None else None)
+        seq, heads = q.shape[0], q.shape[1]
         if sparse is not None:
-            gate = None
-            if sparse.plan is not None and self.to_gate_compress is not None:
-                gate = self.to_gate_compress(x).view(rows, self.heads, self.head_dim)
-            mixed = sparse.attend(q, k, v, gate).reshape(rows, self.heads * self.head_dim)
+            mixed = sparse.attend(q, k, v, gate).reshape(seq, heads * self.head_dim)
         else:
             by_head = [part.transpose(0, 1)[None] for part in (q, k, v)]  # (1, heads, S, dim)
-            mixed = _dense_attention(*by_head)[0].transpose(0, 1).reshape(rows, self.heads * self.head_dim)
+            mixed = _dense_attention(*by_head)[0].transpose(0, 1).reshape(seq, heads * self.head_dim)
+        if split is not None:
+            mixed = split.rows_to_heads(mixed.view(seq, heads, self.head_dim))  # (rows here, all heads * dim)
         return self.out_proj(mixed.to(v.dtype), residual=residual)
 
 
@@ -310,6 +318,13 @@ class BlockContext:
     sigma_video: float                           # the video stream's noise level this step
     latent_size: tuple[int, int, int]            # (T', H, W) of the target video latent, before padding
     num_layers: int                              # blocks of the model
+    split: parallel.SequenceSplit | None = None  # sequence parallel: the block tensors hold this rank's rows only
+
+    def rows_here(self, start: int, stop: int) -> tuple[slice, slice] | None:
+        """Where sequence rows [start, stop) sit in the block tensors and within the run, or None if not held here."""
+        if self.split is None:
+            return slice(start, stop), slice(0, stop - start)
+        return self.split.overlap(start, stop)
 
 
 class BlockHook(Protocol):
@@ -453,23 +468,50 @@ class H3Transformer(nn.Module):
                 x[seg.start:seg.stop] = self._proj(self.audio_patch_proj, rows).to(dtype)
 
         rope = self.rope_tables(layout.positions, device)
+        split = None
+        if (comm := parallel.communicator()) is not None:
+            # Sequence parallel: from here on every per-row tensor is this rank's slice of the rows.
+            comm.check_heads(cfg.num_heads)
+            split = parallel.SequenceSplit(comm, seq)
+            x, rope = split.local(x), (split.local(rope[0]), split.local(rope[1]))
+            mod = RowModulation(split.local((t_index * 3 + tags).to(device)))
         from models.patcher import BLOCK_HOOKS, active_options
         sparse = sparse_attention.sparse_call(active_options().get("sparse_attention"), layout, sigma_v,
                                               (lt, lh, lw), has_gate=cfg.gate_compress, device=device)
-        context = BlockContext(layout, t_emb, mod, rope, sigma_v, latent_size or (lt, lh, lw), len(self.blocks))
+        context = BlockContext(layout, t_emb, mod, rope, sigma_v, latent_size or (lt, lh, lw), len(self.blocks),
+                               split)
         runs = [run for hook in active_options().get(BLOCK_HOOKS, ()) if (run := hook.begin(context)) is not None]
-        for index, block in enumerate(self.blocks):
-            out = block(x, t_emb, mod, rope, sparse if sparse is not None and sparse.applies(index) else None)
-            for run in runs:
-                out = run(index, x, out)
-            x = out
+        with parallel.sequence_split(split):
+            for index, block in enumerate(self.blocks):
+                out = block(x, t_emb, mod, rope, sparse if sparse is not None and sparse.applies(index) else None)
+                for run in runs:
+                    out = run(index, x, out)
+                x = out
 
         vs, as_ = layout.segment(Role.VIDEO), layout.segment(Role.AUDIO)
-        v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), Role.VIDEO)
-        a = self.final_layer(x[as_.start:as_.stop], t_emb, t_index[as_.start:as_.stop].to(device), Role.AUDIO)
+        if split is None:
+            v = self.final_layer(x[vs.start:vs.stop], t_emb, t_index[vs.start:vs.stop].to(device), Role.VIDEO)
+            a = self.final_layer(x[as_.start:as_.stop], t_emb, t_index[as_.start:as_.stop].to(device), Role.AUDIO)
+        else:
+            v, a = self._split_heads(x, t_emb, t_index.to(device), vs, as_, split)
         video_v = packing.unpatchify_video(v, lt, lh // 2, lw // 2, cfg.video_channels)
         audio_v = packing.unpack_audio(a)
         return video_v, audio_v
+
+    def _split_heads(self, x: torch.Tensor, t_emb: torch.Tensor, t_index: torch.Tensor, video: packing.Segment,
+                     audio: packing.Segment, split: parallel.SequenceSplit) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output heads over this rank's rows, then every rank's outputs gathered: (video rows, audio rows)."""
+        width = max(self.config.video_patch_dim, self.config.audio_channels)
+        out = torch.zeros(split.per_rank, width, dtype=torch.float32, device=x.device)  # padding stays zero
+        for seg, role in ((video, Role.VIDEO), (audio, Role.AUDIO)):
+            if (where := split.overlap(seg.start, seg.stop)) is not None:
+                here, within = where
+                rows = t_index[seg.start + within.start:seg.start + within.stop]
+                result = self.final_layer(x[here], t_emb, rows, role)
+                out[here, :result.shape[1]] = result
+        full = split.gather(out)
+        return (full[video.start:video.stop, :self.config.video_patch_dim],
+                full[audio.start:audio.stop, :self.config.audio_channels])
 
     @staticmethod
     def _proj(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:

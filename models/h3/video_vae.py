@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.prologues import Prologue
-from models import memory, ops
+from models import memory, ops, parallel
 from models.h3 import tiling
 from models.h3.latents import pixel_frames
 from models.h3.layers import FrameGroupNorm, attention, compute_device, rms_norm, rope_split_half
@@ -373,8 +373,9 @@ class VideoVAE(nn.Module):
 
     # Encoding -----------------------------------------------------------------------------------
 
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Frames (T, H, W, 3) or (B, T, H, W, 3) in [0, 1] -> normalised latents (B, 24, T', H/16, W/16)."""
+    def encode(self, images: torch.Tensor, *, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Frames (T, H, W, 3) or (B, T, H, W, 3) in [0, 1] -> normalised latents (B, 24, T', H/16, W/16).
+        progress(clips done, clips) is called after each clip is encoded."""
         cfg = self.config
         x = images if images.dim() == 5 else images.unsqueeze(0)
         if x.dim() != 5 or x.shape[-1] != 3:
@@ -392,12 +393,15 @@ class VideoVAE(nn.Module):
                 moments = self._encode_tiled(x)
             else:
                 clips = []
-                for start in range(0, frames, cfg.clip_frames):
+                starts = range(0, frames, cfg.clip_frames)
+                for start in starts:
                     clip = x[:, :, start:start + cfg.clip_frames]
                     if clip.shape[2] < cfg.clip_frames:
                         # The last clip is completed by repeating its last frame.
                         clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, cfg.clip_frames - clip.shape[2], -1, -1)], 2)
                     clips.append(self._encode_tiled(clip))
+                    if progress is not None:
+                        progress(len(clips), len(starts))
                 moments = torch.cat(clips, dim=2)
                 if cfg.dropped_latents:
                     moments = moments[:, :, :-cfg.dropped_latents]
@@ -429,7 +433,7 @@ class VideoVAE(nn.Module):
     # Decoding -----------------------------------------------------------------------------------
 
     def decode(self, latents: torch.Tensor, *, tile_batch: int | None = None, tile_size: int | None = None,
-               tile_overlap: int | None = None) -> torch.Tensor:
+               tile_overlap: int | None = None, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """Normalised latents (B, 24, T', h, w) -> frames (B, T, 16h, 16w, 3) in [0, 1], float32 on the CPU.
 
         T = 17n+5 for T' = 5n+2; a lone latent frame (T' = 1) gives one image, decoded as the start of a
@@ -437,7 +441,8 @@ class VideoVAE(nn.Module):
         tile_size / tile_overlap: spatial window and its minimum overlap in pixels, multiples of 16
         (default 256 / 64, the decoder's trained window). tile_batch: tiles per decoder call (None: chosen
         from the free device memory and the measured cost of one tile, at most 4; halved and retried after
-        an out-of-memory error). The batch never changes the pixels.
+        an out-of-memory error). The batch never changes the pixels. progress(tiles done, tiles) is called
+        after each decoder call, counting every spatial tile of every temporal window.
         """
         cfg = self.config
         ratio = cfg.spatial_ratio
@@ -460,8 +465,10 @@ class VideoVAE(nn.Module):
         plan_w = tiling.plan_tiles(w, tile_size // ratio, tile_overlap // ratio, 1)
         self.last_tile_batches = []
         self.last_tile_batch_fallbacks = 0
+        windows = 1 if t == 1 else self._temporal_plan(t)[1]
         state = {"cap": min(int(tile_batch), self.MAX_TILE_BATCH) if tile_batch is not None else self.MAX_TILE_BATCH,
-                 "explicit": tile_batch is not None}
+                 "explicit": tile_batch is not None, "progress": progress, "done": 0,
+                 "total": windows * len(plan_h.starts) * len(plan_w.starts)}
         with torch.no_grad(), memory.using_named(self, dtype=torch.float32) as stats:
             device = compute_device(self)
             z = latents.to(device=device, dtype=torch.float32)
@@ -470,8 +477,14 @@ class VideoVAE(nn.Module):
             canvas = torch.zeros(b, pixel_frames(t), h * ratio, w * ratio, 3, dtype=torch.float32)
             writer = _CanvasWriter(canvas, plan_h.scaled(ratio), plan_w.scaled(ratio), stats["pixel_mean"],
                                    stats["pixel_std"])
-            for window in self._windows(z):
-                self._decode_window(window, plan_h, plan_w, writer, state)
+            comm = parallel.communicator()
+            for number, window in enumerate(self._windows(z)):
+                # In a rank group each rank decodes every N-th window; the blend is a sum into the canvas,
+                # so adding the ranks' canvases gives the one device's canvas.
+                if comm is None or number % comm.size == comm.rank:
+                    self._decode_window(window, plan_h, plan_w, writer, state)
+            if comm is not None:
+                comm.all_reduce_sum(canvas)
             return writer.finish()
 
     def _temporal_plan(self, z_len: int) -> tuple[int, int, int, int, int, int]:
@@ -564,6 +577,9 @@ class VideoVAE(nn.Module):
             del decoded
             self.last_tile_batches.append(len(group))
             k += len(group)
+            state["done"] += len(group)
+            if state["progress"] is not None:
+                state["progress"](state["done"], state["total"])
 
     def _decode_pixels(self, z: torch.Tensor) -> torch.Tensor:
         """Denormalised latent tokens (N, C, t, h, w) -> raw ImageNet-normalised pixels (N, 3, 4t, 16h, 16w), float32."""

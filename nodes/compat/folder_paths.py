@@ -9,16 +9,19 @@ Provided: get_filename_list, get_full_path, get_full_path_or_raise, get_folder_p
 add_model_folder_path, get_input_directory, get_output_directory, get_temp_directory,
 get_user_directory, get_directory_by_type, get_annotated_filepath, exists_annotated_filepath,
 get_save_image_path, filter_files_extensions, filter_files_content_types, supported_pt_extensions,
-and the attributes base_path, models_dir, input_directory, output_directory, temp_directory,
-user_directory (read-only views). Not provided: folder_names_and_paths (and anything that writes it
-directly), the set_*_directory functions, cache helpers.
+annotated_filepath, and the attributes base_path, models_dir, input_directory, output_directory,
+temp_directory, user_directory (read-only views) and folder_names_and_paths (a live mapping from
+model folder name to (folders searched, extensions); assigning an entry adds its folders to that kind's
+search, as add_model_folder_path does; nothing else writes through it). Not provided: the
+set_*_directory functions, cache helpers.
 """
 from __future__ import annotations
 
 import mimetypes
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from collections.abc import Mapping
+from typing import Any, Iterable, Iterator
 
 from execution.context import current
 from execution.paths import MODEL_EXTENSIONS, MODEL_FOLDERS, UnsafePathError, confine
@@ -50,7 +53,41 @@ def __getattr__(name: str) -> Any:
     }
     if name in views:
         return str(views[name](_paths()))
+    if name == "folder_names_and_paths":
+        return _FolderTable()
     raise AttributeError(f"module 'folder_paths' (Weft compatibility layer) has no attribute {name!r}")
+
+
+class _FolderTable(Mapping):
+    """`folder_names_and_paths` over Weft's folders: {model folder: ([folders searched], {extensions})}.
+
+    Read live on every access. Weft lists safetensors files only, so every entry's extensions are those;
+    assigning `table[name] = (folders, extensions)` adds the folders to that kind's search."""
+
+    def _names(self) -> list[str]:
+        return list(dict.fromkeys([*MODEL_FOLDERS, *_paths().extra_model_dirs, *_ALIASES]))
+
+    def __getitem__(self, folder_name: str) -> tuple[list[str], set[str]]:
+        try:
+            return get_folder_paths(folder_name), set(supported_pt_extensions)
+        except KeyError:
+            raise KeyError(folder_name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __setitem__(self, folder_name: str, entry: Any) -> None:
+        folders = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
+        if isinstance(folders, (str, os.PathLike)):
+            folders = [folders]
+        for folder in folders:
+            add_model_folder_path(folder_name, str(folder))
+
+    def __repr__(self) -> str:
+        return f"folder_names_and_paths({dict(self)!r})"
 
 
 # ---------------------------------------------------------------------- folders
@@ -137,6 +174,14 @@ def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
             continue
     raise UnsafePathError(f"file name {name!r} is absolute and lies outside every folder a plugin may read "
                           f"({', '.join(str(Path(root).resolve()) for root in dict.fromkeys(map(str, roots)))})")
+
+
+def annotated_filepath(name: str) -> tuple[str, str | None]:
+    """('name.png', its folder) for 'name.png [output]' / ' [input]' / ' [temp]'; (name, None) unannotated."""
+    for suffix, kind in _ANNOTATIONS.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], str(_paths().folder(kind))
+    return name, None
 
 
 def exists_annotated_filepath(name: str) -> bool:

@@ -233,7 +233,7 @@ def test_compiled_row_chunks_match_eager_and_go_dynamic_once(monkeypatch, prolog
         out = LINEAR(x, weight, b, backend="compiled", **kw)
         torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[dtype])
         keys.update(k for k in linear_module._linear_compiler._compiled
-                    if k[:3] == (prologue, in_features, out_features) and k[-1] == chunks)
+                    if k[:3] == (prologue, in_features, out_features) and k[-2] == chunks)
     # Static for the first token count, symbolic from the second: never one graph per count.
     assert len(keys) == 1 and linear_module._linear_compiler.variants(keys.pop()) == 2
 
@@ -260,3 +260,14 @@ def test_compiled_uses_the_weights_of_each_call():
     second = LINEAR(x, weight, b, backend="compiled", **kw)
     torch.testing.assert_close(second, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
     assert not torch.allclose(first, second)
+
+
+def test_float32_products_on_the_cpu_go_to_onednn_where_it_runs():
+    if LINEAR.backend("onednn").unavailable_reason() is not None:
+        pytest.skip(f"oneDNN unavailable: {LINEAR.backend('onednn').unavailable_reason()}")
+    (x, weight, b), kw = make_inputs((96,), 256, 256, torch.float32, residual=True)  # 6.3M multiply-adds
+    out = linear(x, weight, b, **kw)
+    assert LINEAR.last_backend == "onednn"
+    torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
+    (x, weight, b), kw = make_inputs((96,), 256, 256, torch.bfloat16)
+    assert "not float32" in LINEAR.backend("onednn").decline_reason(x, weight, b, **kw)

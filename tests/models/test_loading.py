@@ -101,6 +101,20 @@ def test_pickle_checkpoints_are_refused(tmp_path):
         load_model(junk)
 
 
+def test_safetensors_whose_header_length_starts_like_a_pickle_loads(tmp_path):
+    # The header length is the file's first 8 bytes: 0x80 (a pickle's first byte) or b"PK" can be its low bytes.
+    from models.loading import read_header
+    for header_length in (0x180, 0x4B50):
+        path = tmp_path / f"padded_{header_length}.safetensors"
+        for padding in range(header_length - 200, header_length):  # the metadata adds about its own length
+            save_file({"w": torch.zeros(3)}, path, metadata={"pad": "x" * padding})
+            if int.from_bytes(path.read_bytes()[:8], "little") == header_length:
+                break
+        else:
+            pytest.fail(f"no padding gave a header of {header_length:#x} bytes")
+        assert read_header(path).tensors["w"].shape == (3,)
+
+
 def test_unknown_architecture_is_refused(tmp_path):
     path = tmp_path / "other.safetensors"
     save_file({"model.embed_tokens.weight": torch.zeros(4, 4), "lm_head.weight": torch.zeros(4, 4)}, path)

@@ -158,7 +158,8 @@ def test_save_image_writes_numbered_pngs_with_metadata(ctx):
         assert json.loads(png.text["prompt"]) == prompt
         assert json.loads(png.text["workflow"]) == {"nodes": []}
         saved = torch.from_numpy(np.array(png.convert("RGB"))).float() / 255
-    assert (saved - images[1]).abs().max() <= 0.5 / 255 + 1e-6
+    # Truncated to 8 bits as ComfyUI writes pixels: never above the value, less than one step below.
+    assert (images[1] - saved).min() >= -1e-6 and (images[1] - saved).max() < 1 / 255 + 1e-6
     again = run("SaveImage", images=images[:1], filename_prefix="shots/run")
     assert again.ui["images"][0]["filename"] == "run_00003_.png"
 

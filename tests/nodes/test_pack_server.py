@@ -197,8 +197,12 @@ def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
 
     events = []
     services = run_context.Services(preview_method="latent2rgb", preview_size=64)
-    ctx = run_context.RunContext("job-2", "3", "3", Paths(tmp_path), emit=lambda e, d: events.append((e, d)),
-                                 runtime=services)
+
+    def emit(event, data):  # as the executor does: a step's preview travels inside its progress event
+        events.extend(data.pop(run_context.SHOWN_KEY, ()))
+        events.append((event, data))
+
+    ctx = run_context.RunContext("job-2", "3", "3", Paths(tmp_path), emit=emit, runtime=services)
     token = run_context.activate(ctx)
     try:
         from nodes.previews import register_vae
@@ -220,5 +224,5 @@ def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
     image = previews[-1][1]
     assert image.size == (12, 10)
     assert np.abs(np.asarray(image, dtype=int) - [255, 0, 0]).max() <= 2
-    with pytest.raises(AttributeError, match="no attribute 'get_previewer'"):
-        latent_preview.get_previewer
+    with pytest.raises(AttributeError, match="no attribute 'set_preview_method'"):
+        latent_preview.set_preview_method

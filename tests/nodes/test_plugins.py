@@ -38,7 +38,7 @@ BROKEN = {
                                 "'prompt_queue': Weft's compatibility layer does not provide it",
     "missing_chain": "missing modules 'comfy.sd', 'comfy.samplers', 'comfy_extras' (the import stopped at "
                      "'comfy.sd'); Weft's compatibility layer provides only",
-    "import_error_name": "cannot import name 'folder_names_and_paths' from 'folder_paths'",
+    "import_error_name": "cannot import name 'set_output_directory' from 'folder_paths'",
     "comfy_nodes_import": "cannot import name 'common_ksampler' from 'nodes'",
     "relative_missing": "missing module 'custom_nodes.relative_missing.not_here'",
     "raises_at_import": "KeyError while importing: 'threshold' (nodes.py:3)",
@@ -47,10 +47,7 @@ BROKEN = {
     "input_types_exits": "SystemExit while declaring nodes: 2 (input_types_exits.py:8)",
     "input_types_not_dict": "INPUT_TYPES: must return a dict, got list",
     "function_missing": "FUNCTION: names no method of the class: 'execute'",
-    "default_out_of_range": "input 'steps': default 500 is above its max 100",
-    "unknown_hidden": "unknown hidden value 'NOT_A_HIDDEN_VALUE'",
     "return_names_mismatch": "RETURN_NAMES: 2 names for 1 RETURN_TYPES",
-    "partial_pack": "node 'FixturePartialBad': input 'x': default 2.0 is below its min 5.0",
     "duplicate_builtin": "node 'PreviewAny' from custom_nodes.duplicate_builtin: id already registered by nodes.primitives",
     "dup_b_second": "id already registered by custom_nodes.dup_a_first",
     "mappings_not_dict": "NODE_CLASS_MAPPINGS must be a dict",
@@ -62,7 +59,8 @@ BROKEN = {
     "web_dir_escapes": "WEB_DIRECTORY '../../..' is outside the plugin's folder",
 }
 LOADED = {"good_single": ("FixtureGood",), "slow_import": ("FixtureSlow",), "dup_a_first": ("FixtureShared",),
-          "web_only": ()}
+          "web_only": (), "default_out_of_range": ("FixtureBadDefault",), "unknown_hidden": ("FixtureBadHidden",),
+          "partial_pack": ("FixturePartialGood",)}
 
 
 def run_prompt(registry, paths, prompt, events=None):
@@ -151,8 +149,11 @@ def test_every_broken_pack_is_reported_and_start_up_continues(startup):
     # The built-ins and the loaded plugins still work side by side.
     assert registry.origin("PreviewAny") == "nodes.primitives"
     assert registry.origin("FixtureShared") == "custom_nodes.dup_a_first"
-    for refused in ("FixturePartialGood", "FixturePartialBad", "FixtureEscape", "FixtureInputTypesRaises"):
-        assert refused not in registry  # a plugin registers all of its nodes or none
+    for refused in ("FixturePartialBad", "FixtureEscape", "FixtureInputTypesRaises"):
+        assert refused not in registry
+    # A node that cannot be declared is refused alone, with a warning naming it; its pack still loads.
+    assert reports["partial_pack"].warnings == [
+        "node refused: node 'FixturePartialBad': FUNCTION: names no method of the class: 'not_a_method'"]
 
 
 def test_loaded_fixture_nodes_run(startup, paths):
@@ -287,10 +288,13 @@ def test_a_node_of_a_pack_that_failed_to_load_is_reported_with_the_pack_and_its_
     missing = {m["class_type"]: m for m in info.value.extra_info["missing"]}
     assert "'needs_server', which failed to load" in info.value.message
     assert missing["FixtureNeedsServer"]["pack"] == "needs_server" and "pack" not in missing["NoSuchType"]
-    # A pack that imported but whose nodes were refused is traced by its mapping keys.
+    # A pack that imported but whose nodes were refused is traced by its mapping keys; a node refused
+    # alone, by its own refusal.
     startup_registry, reports = startup
-    cause = startup_registry.missing_cause("FixturePartialGood")
-    assert cause == {"source": "partial_pack", "reason": reports["partial_pack"].reason}
+    cause = startup_registry.missing_cause("FixtureInputTypesRaises")
+    assert cause == {"source": "input_types_raises", "reason": reports["input_types_raises"].reason}
+    cause = startup_registry.missing_cause("FixturePartialBad")
+    assert cause == {"source": "partial_pack", "reason": reports["partial_pack"].warnings[0].removeprefix("node refused: ")}
     assert startup_registry.missing_cause("NoSuchType") is None
     # Once the pack loads (its missing module now there), it is no longer blamed.
     (pack / "__init__.py").write_text("from .nodes import NODE_CLASS_MAPPINGS\n")
@@ -464,8 +468,12 @@ def test_progress_bar_reports_to_the_running_node_and_stops_when_interrupted(com
 
     seen = []
     interrupted = [False]
-    ctx = run_context.RunContext("job", "7", "7", compat, emit=lambda e, d: seen.append((e, d)),
-                                 is_interrupted=lambda: interrupted[0])
+
+    def emit(event, data):  # as the executor does: a step's preview travels inside its progress event
+        seen.extend(data.pop(run_context.SHOWN_KEY, ()))
+        seen.append((event, data))
+
+    ctx = run_context.RunContext("job", "7", "7", compat, emit=emit, is_interrupted=lambda: interrupted[0])
     token = run_context.activate(ctx)
     try:
         bar = comfy.utils.ProgressBar(4)

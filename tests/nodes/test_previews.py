@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from execution.context import Services
-from models.loading import load_model
 from models import latent_preview
+from models.loading import load_model
 from nodes import previews
 from nodes.loaders import VAE
 from nodes.preview_settings import resolve_method
@@ -43,31 +43,32 @@ def _video_vae(path):
     return VAE("video", loaded.model, path.name, path=path, metadata=loaded.metadata)
 
 
-def test_projection_is_cached_beside_the_model_and_refitted_when_the_file_changes(tmp_path, tmp_path_factory,
-                                                                                   monkeypatch):
+def _listing(folder):
+    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+def test_projection_is_cached_in_weft_cache_folder_never_in_models_and_refitted_when_the_file_changes(
+        tmp_path, tmp_path_factory, monkeypatch):
     install(tiny_weights(tmp_path_factory), tmp_path)
-    path = tmp_path / "models" / "vae" / TINY_NAMES["video_vae"][1]
+    models = tmp_path / "models"
+    path = models / "vae" / TINY_NAMES["video_vae"][1]
+    before = _listing(models)
+    cache_dir = latent_preview.cache_folder(tmp_path / "user")
     # Another test of this process may have fitted the same weights; this one starts as a new process would.
     monkeypatch.setattr(latent_preview, "_fits_by_file", {})
-    first = latent_preview.projection_for(_video_vae(path))
-    cache = path.with_name(path.name + latent_preview.CACHE_SUFFIX)
-    assert cache.is_file() and json.loads(cache.read_text())["patch"] == 16
+    announced = []
+    first = latent_preview.projection_for(_video_vae(path), cache_dir, announce=lambda: announced.append(1))
+    assert announced == [1]  # a fit says so before it decodes
+    assert _listing(models) == before  # nothing written into the models folder
+    cached = list(cache_dir.glob("*.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["patch"] == 16
     # A new process (no in-memory fit) reads the file instead of decoding again.
     monkeypatch.setattr(latent_preview, "_fits_by_file", {})
     again = _video_vae(path)
     monkeypatch.setattr(again.model, "decode", lambda *a, **k: pytest.fail("decoded although a cached fit exists"))
-    torch.testing.assert_close(latent_preview.projection_for(again).weights, first.weights, atol=1e-5, rtol=1e-4)
-    # The model file changes: the cache no longer matches it.
-    cache.write_text(json.dumps({**json.loads(cache.read_text()), "source": [1, 2]}))
-    monkeypatch.setattr(latent_preview, "_fits_by_file", {})
-    stale = _video_vae(path)
-    calls = []
-    real_decode = stale.model.decode
-    monkeypatch.setattr(stale.model, "decode", lambda *a, **k: calls.append(1) or real_decode(*a, **k))
-    latent_preview.projection_for(stale)
-    assert calls == [1]
-
-
+    torch.testing.assert_close(latent_preview.projection_for(again, cache_dir).weights, first.weights, atol=1e-5, rtol=1e-4)
+    # A changed model file is fitted again.
+    cache = cached[0]
 def test_projection_from_the_model_metadata(tmp_path_factory):
     path = tiny_weights(tmp_path_factory)["video_vae"]
     vae = _video_vae(path)
@@ -81,20 +82,32 @@ def test_projection_from_the_model_metadata(tmp_path_factory):
     assert torch.allclose(projection.to_rgb(frame), torch.tensor([1.0, 0.5, 0.5]).expand(2, 3, 3))
 
 
-@pytest.mark.parametrize("server, job, expected", [
-    ("auto", None, "latent2rgb"), ("none", None, "none"), ("none", "taesd", "taesd-like"),
-    ("full", "default", "full"), ("latent2rgb", "bogus", "latent2rgb"), ("auto", "none", "none"),
+EDITOR = {"comfy_usage_source": "comfyui-frontend"}
+
+
+@pytest.mark.parametrize("server, extra, expected", [
+    ("auto", {}, "latent2rgb"), ("none", {}, "none"), ("none", {"preview_method": "taesd"}, "taesd-like"),
+    ("full", {"preview_method": "default"}, "full"), ("latent2rgb", {"preview_method": "bogus"}, "latent2rgb"),
+    ("auto", {"preview_method": "none"}, "none"),
+    # A server started without a method: only a job that asks gets previews (the editor's own jobs ask).
+    (None, {}, "none"), (None, {"preview_method": "default"}, "none"), (None, {"preview_method": "taesd"}, "taesd-like"),
+    (None, EDITOR, "latent2rgb"), (None, {**EDITOR, "preview_method": "none"}, "none"), ("none", EDITOR, "none"),
 ])
-def test_a_job_overrides_the_server_method(server, job, expected):
-    extra = {} if job is None else {"preview_method": job}
+def test_a_job_overrides_the_server_method_and_none_is_the_default(server, extra, expected):
     assert resolve_method(Services(preview_method=server), extra) == expected
 
 
-def test_audio_strip_follows_the_energy_over_time():
+def test_audio_loudness_follows_the_energy_over_time_and_is_drawn_into_the_picture():
     audio = torch.zeros(1, 32, 2, 64)
     audio[..., 32:] = 1.0
-    strip = previews.audio_strip(audio, width=8)
-    assert strip == "▁▁▁▁████"
+    assert previews.audio_loudness(audio, 8).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    grey = Image.new("RGB", (40, 20), (128, 128, 128))
+    drawn = previews.draw_audio_band(grey, audio)
+    assert drawn.size == grey.size
+    bottom = drawn.getpixel((35, 19)), drawn.getpixel((5, 19))  # loud half: a bar; quiet half: a low one
+    assert bottom[0] == (120, 220, 160)
+    assert drawn.getpixel((5, 15)) != drawn.getpixel((35, 15))  # the loud bar is taller
+    assert drawn.getpixel((20, 2)) == (128, 128, 128)  # the picture above the band is untouched
 
 
 def _run_collecting(h3, prompt, extra_data=None):
@@ -106,24 +119,41 @@ def _run_collecting(h3, prompt, extra_data=None):
 
 
 @pytest.mark.parametrize("method", ["latent2rgb", "taesd-like", "full"])
-def test_sampler_sends_a_preview_and_an_audio_strip_every_step(h3, method):
+def test_sampler_sends_a_preview_with_its_audio_band_and_progress_in_order_every_step(h3, method):
     h3.runtime.preview_method, h3.runtime.preview_size = method, 40
     seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=22, steps=4, save_video=False))
-    sampler = [(e, d) for e, d in seen if d.get("node") == "sample" or d.get("display_node") == "sample"]
+    sampler = [(e, d) for e, d in seen if d.get("node") == "sample" or d.get("display_node") == "sample"
+               or (e == "progress_state" and d["nodes"].get("sample", {}).get("state") == "running")]
     shots = [d for e, d in sampler if e == "preview"]
-    texts = [d["text"] for e, d in sampler if e == "progress_text"]
     # One per step at most (the render thread skips a step it could not draw before the next one came),
-    # and always the last step's; full decodes every 4th step only.
-    assert 1 <= len(shots) <= (4 if method != "full" else 1) and 1 <= len(texts) <= 4
+    # and always the last step's; full decodes every 4th step only. The audio is drawn into the picture.
+    assert 1 <= len(shots) <= (4 if method != "full" else 1)
+    # The only text: the first preview's fit announcing itself (when this process had not fitted the VAE yet).
+    assert all(d["text"].startswith("preparing live previews") for e, d in sampler if e == "progress_text")
     progress = [d["value"] for e, d in sampler if e == "progress"]
     assert progress == [1, 2, 3, 4]
+    # ComfyUI's order within a step: progress_state, the preview, then progress.
+    for i, (event, data) in enumerate(sampler):
+        if event == "preview":
+            assert sampler[i - 1][0] == "progress_state" and sampler[i + 1][0] == "progress"
     assert max(i for i, (e, _) in enumerate(seen) if e == "preview") < next(
         i for i, (e, d) in enumerate(seen) if e == "executing" and d.get("node") == "decode")
     fmt, image, size = shots[-1]["image"]
     assert fmt == "JPEG" and size == 40 and isinstance(image, Image.Image)
     assert image.size == (40, 20)  # the 64x32 picture's aspect, long side at --preview-size
-    assert all(text.startswith("audio ") and len(text) > 6 for text in texts)
     assert shots[-1]["prompt_id"] and shots[-1]["node"] == "sample"
+
+
+def test_no_previews_and_no_fit_unless_asked_and_nothing_written_into_models(h3, tmp_path):
+    models = h3.paths.models
+    before = _listing(models)
+    h3.runtime.preview_method = None  # a server started without --preview-method
+    seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=2, seed=11, save_video=False))
+    assert not [e for e, _ in seen if e in ("preview", "progress_text")]
+    seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=2, seed=12, save_video=False),
+                           extra_data={"preview_method": "latent2rgb"})
+    assert [e for e, _ in seen if e == "preview"]
+    assert _listing(models) == before
 
 
 def test_previews_are_never_larger_than_the_picture_and_a_job_can_turn_them_off(h3):
@@ -135,3 +165,19 @@ def test_previews_are_never_larger_than_the_picture_and_a_job_can_turn_them_off(
                            extra_data={"preview_method": "none"})
     assert not [e for e, _ in seen if e in ("preview", "progress_text")]
     assert [d["value"] for e, d in seen if e == "progress" and d["node"] == "sample"] == [1, 2]
+
+
+def test_vae_decodes_report_progress_per_tile_and_per_chunk(h3):
+    """VAE Decode's bar moves tile by tile (every tile of every temporal window), VAE Decode Audio's chunk
+    by chunk; both end full."""
+    h3.runtime.preview_method = "none"
+    # 80x48 pixels: 5x3 latent cells, tiled by 2x2-cell tiles (32 px) -> 4x2 = 8 tiles per window.
+    prompt = t2va_prompt(width=80, height=48, length=22, steps=1, seed=31, save_video=False)
+    prompt["decode"] = {"class_type": "VAEDecodeTiled", "inputs": {
+        "samples": ["sample", 0], "vae": ["vv", 0], "tile_size": 64, "overlap": 16, "temporal_size": 64,
+        "temporal_overlap": 8}}
+    seen = _run_collecting(h3, prompt)
+    tiles = [(d["value"], d["max"]) for e, d in seen if e == "progress" and d["node"] == "decode"]
+    assert len(tiles) >= 2 and tiles[-1][0] == tiles[-1][1] and [v for v, _ in tiles] == sorted(v for v, _ in tiles)
+    audio = [(d["value"], d["max"]) for e, d in seen if e == "progress" and d["node"] == "decode_audio"]
+    assert audio and audio[-1][0] == audio[-1][1]

@@ -644,20 +644,6 @@ class Extension(ComfyExtension):
 async def comfy_entrypoint():
     return Extension()
 ''', "get_node_list() item 1 is <class 'object'>, not a comfy_api io.ComfyNode class"),
-    "bad_input": ('''
-from comfy_api.latest import io
-
-class Node(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(node_id="V3BadInput", inputs=[io.Int.Input("x", extra_dict={"frobnicate": 1})])
-
-    @classmethod
-    def execute(cls, x):
-        return None
-
-NODE_CLASS_MAPPINGS = {"V3BadInput": Node}
-''', "node 'V3BadInput': input 'x': unknown option(s) ['frobnicate']"),
 }
 
 
@@ -666,6 +652,27 @@ def test_unsupported_v3_features_are_refused_naming_the_node_and_feature(tmp_pat
     for name, (source, fragment) in BROKEN_V3.items():
         report = plugins.load_plugin(registry, write_pack(tmp_path, name, source))
         assert report.status == "failed" and fragment in report.reason, (name, report.reason)
+
+
+def test_an_option_key_weft_does_not_know_passes_through_as_in_comfyui(tmp_path):
+    source = '''
+from comfy_api.latest import io
+
+class Node(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3ExtraOption", inputs=[io.Int.Input("x", extra_dict={"frobnicate": 1})])
+
+    @classmethod
+    def execute(cls, x):
+        return None
+
+NODE_CLASS_MAPPINGS = {"V3ExtraOption": Node}
+'''
+    registry = builtin_registry()
+    report = plugins.load_plugin(registry, write_pack(tmp_path, "extra_option", source))
+    assert report.status == "loaded", report.reason
+    assert registry.get("V3ExtraOption").input("x").options["frobnicate"] == 1
 
 
 def test_schema_declaration_errors_name_the_node():

@@ -1,5 +1,6 @@
 """A small testing node pack in the classic ComfyUI interface, loaded like a plugin by the tests."""
 import asyncio
+import logging
 import time
 
 from execution.context import current
@@ -138,6 +139,8 @@ class TestFail:
     CATEGORY = "testing"
 
     def run(self, value, message):
+        # A log line from inside the node: the logs panel test follows it from the worker to the server.
+        logging.getLogger("tests.nodes_pack").warning("TestFail is failing on purpose: %s", message)
         raise RuntimeError(message)
 
 

@@ -190,10 +190,10 @@ class ServerThread:
     """A real server on a free loopback port, run on its own event loop in a thread."""
 
     def __init__(self, base: Path, *, light: bool = False, extra_args: list[str] = (), config_changes=None,
-                 runtime_changes=None) -> None:
+                 runtime_changes=None, cache_flags: tuple[str, ...] = ("--cache-none",)) -> None:
         from web.server import config_from_args
 
-        self.args = parse_args(["--base-directory", str(base), "--port", "0", "--cache-none", *extra_args],
+        self.args = parse_args(["--base-directory", str(base), "--port", "0", *cache_flags, *extra_args],
                                light=light)
         factory = LightRuntime if light else full_runtime
         self.runtime = factory(self.args)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 import uuid
 from pathlib import Path
 
@@ -350,6 +352,25 @@ def test_templates_serve_the_workflows_folder(light_server):
     assert http("GET", light_server.url + "/templates/nothing.json")[0] == 404
 
 
+def test_template_browser_lists_the_official_templates_grouped_as_their_index_groups_them(light_server):
+    from execution import templates
+    from tests.official_templates import T2V, official_template
+
+    status, index = get_json(light_server.url + "/templates/index.json")
+    assert status == 200 and index[0]["title"] == "Weft"
+    official = {group["title"]: group for group in index[1:]}
+    assert [c.title for c in templates.official_categories()] == list(official)
+    video = {t["name"]: t for t in official["Video"]["templates"]}
+    assert video["video_minimax_h3_t2v"]["title"] == "MiniMax H3: Text to Video"
+    assert video["video_minimax_h3_t2v"]["mediaSubtype"] == "png" and official["Video"]["type"] == "video"
+    status, workflow = get_json(light_server.url + "/templates/" + T2V)
+    assert status == 200 and workflow == official_template(T2V)
+    status, headers, body = http("GET", light_server.url + "/templates/video_minimax_h3_t2v-1.png")
+    assert status == 200 and headers["Content-Type"] == "image/png" and Image.open(io.BytesIO(body)).size == (400, 300)
+    assert http("GET", light_server.url + "/templates/index.schema.json")[0] == 404  # the index files are not templates
+    assert http("GET", light_server.url + "/templates/video_minimax_h3_nothing-1.png")[0] == 404
+
+
 def test_template_browser_logo_and_locale_indexes(light_server):
     """The template browser asks for a logo index and, outside English, a translated index: both answer."""
     status, headers, body = http("GET", light_server.url + "/templates/index_logo.json")
@@ -418,6 +439,30 @@ def test_logs_panel_gets_recent_lines_and_live_ones(light_server):
     assert any(f"pushed {marker}" in entry["m"] for entry in pushed["entries"]) and pushed["size"]["cols"] > 0
 
 
+def test_logs_panel_shows_each_job_its_time_its_worker_lines_and_a_node_traceback(light_server):
+    """Jobs run in a worker process; the panel (the server's log) still shows "got prompt", each run's time,
+    the worker's own log lines and a failed node's traceback."""
+    marker = uuid.uuid4().hex
+    fine = post_json(light_server.url + "/prompt", {"prompt": const_prompt(4)})[1]["prompt_id"]
+    failing = {"1": {"class_type": "TestConst", "inputs": {"value": 1}},
+               "2": {"class_type": "TestFail", "inputs": {"value": ["1", 0], "message": marker}},
+               "3": {"class_type": "TestOutput", "inputs": {"value": ["2", 0]}}}
+    failed = post_json(light_server.url + "/prompt", {"prompt": failing})[1]["prompt_id"]
+    assert wait_terminal(light_server.url, fine)["status"]["status_str"] == "success"
+    assert wait_terminal(light_server.url, failed)["status"]["status_str"] == "error"
+    deadline = time.monotonic() + 20
+    while True:
+        text = get_json(light_server.url + "/internal/logs")[1]
+        if f"prompt {failed} failed" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert f"got prompt {fine}" in text and f"got prompt {failed}" in text
+    assert re.search(rf"prompt {fine} executed in \d+\.\d\d seconds", text), text[-2000:]
+    assert f"TestFail is failing on purpose: {marker}" in text  # logged inside the worker process
+    failure = text[text.index(f"prompt {failed} failed"):]
+    assert "node 2 (TestFail)" in failure and f"RuntimeError: {marker}" in failure and "Traceback" in failure
+
+
 def test_a_log_line_through_the_logs_panel_handler_returns():
     """logging.Handler.handle holds the handler's own lock around emit(); the panel's buffer must not
     take that lock again (a second acquire of a plain Lock hung every INFO line of the server process)."""
@@ -438,3 +483,17 @@ def test_a_log_line_through_the_logs_panel_handler_returns():
         assert [e["m"] for e in buffer.snapshot()] == ["INFO weft.test.logs_panel: one line\n"]
     finally:
         logger.removeHandler(buffer)
+
+
+def test_server_start_clears_old_preview_pictures_only(tmp_path):
+    from web.server import clear_previews
+
+    (tmp_path / "sub").mkdir()
+    old = [tmp_path / "ComfyUI_temp_abcde_00001_.png", tmp_path / "sub" / "ComfyUI_temp_xyzab_00002_.png"]
+    for path in old:
+        path.write_bytes(b"png")
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    assert clear_previews(tmp_path) == 2
+    assert not any(p.exists() for p in old) and keep.read_text() == "mine"
+    assert clear_previews(tmp_path / "absent") == 0

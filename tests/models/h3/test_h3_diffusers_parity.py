@@ -39,8 +39,8 @@ def to_diffusers(weft_model, *, qkv_layout: str = "stacked") -> MiniMaxH3Transfo
     return model
 
 
-def diffusers_forward(model, video, audio, text, sigma_video, sigma_audio, items=()):
-    """Run diffusers' transformer on the packed sequence Weft builds for one batch element; (video, audio) velocities."""
+def diffusers_inputs(video, audio, text, sigma_video, sigma_audio, items=()) -> dict:
+    """The keyword arguments of diffusers' transformer for the packed sequence Weft builds for one batch element."""
     _, lt, lh, lw = video.shape
     layout = packing.build_layout(text.shape[0], lt, lh, lw, audio.shape[-1], list(items))
     t_rows, tags = packing.row_timesteps(layout, sigma_video, sigma_audio)
@@ -57,18 +57,29 @@ def diffusers_forward(model, video, audio, text, sigma_video, sigma_audio, items
             audio_rows.append(packing.pack_audio(lat))
             audio_idx.append(idx)
     text_seg = layout.segment("text")
-    with torch.no_grad():
-        out_v, out_a = model(
-            hidden_states=torch.cat(video_rows)[None], audio_hidden_states=torch.cat(audio_rows)[None],
-            encoder_hidden_states=text[None], timestep=t_values, timestep_indices=t_index, token_tags=tags,
-            position_ids=layout.positions.float(), video_indices=torch.cat(video_idx),
-            audio_indices=torch.cat(audio_idx), text_indices=torch.arange(text_seg.start, text_seg.stop),
-            return_dict=False)
+    return dict(
+        hidden_states=torch.cat(video_rows)[None], audio_hidden_states=torch.cat(audio_rows)[None],
+        encoder_hidden_states=text[None], timestep=t_values, timestep_indices=t_index, token_tags=tags,
+        position_ids=layout.positions.float(), video_indices=torch.cat(video_idx),
+        audio_indices=torch.cat(audio_idx), text_indices=torch.arange(text_seg.start, text_seg.stop),
+        return_dict=False)
+
+
+def diffusers_outputs(out_v, out_a, video, audio):
+    """diffusers' packed velocities as Weft's (video (24, T, H, W), audio (32, 2, Ta)) of the targets."""
     # The targets are the last audio and video segments; their rows come last in each index list.
+    _, lt, lh, lw = video.shape
     n_video = lt * (lh // 2) * (lw // 2)
     n_audio = 2 * audio.shape[-1]
     video_v = packing.unpatchify_video(out_v[0, -n_video:], lt, lh // 2, lw // 2, video.shape[0])
     return video_v, packing.unpack_audio(out_a[0, -n_audio:])
+
+
+def diffusers_forward(model, video, audio, text, sigma_video, sigma_audio, items=()):
+    """Run diffusers' transformer on the packed sequence Weft builds for one batch element; (video, audio) velocities."""
+    with torch.no_grad():
+        out_v, out_a = model(**diffusers_inputs(video, audio, text, sigma_video, sigma_audio, items))
+    return diffusers_outputs(out_v, out_a, video, audio)
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,6 @@ UNSUPPORTED = {
     "VideoEdit": "the video-edit widget is not supported",
     "Range": "the range widget is not supported",
     "ResolutionPreview": "the resolution-preview widget is not supported",
-    "Load3D": "3D loading is not supported",
-    "Load3DAnimation": "3D loading is not supported",
-    "Load3DCamera": "3D loading is not supported",
 }
 
 
@@ -453,6 +450,22 @@ FaceAnalysis = _link_type("FaceAnalysis", "FACE_ANALYSIS")
 BBOX = _link_type("BBOX", "BBOX")
 SEGS = _link_type("SEGS", "SEGS")
 Tracks = _link_type("Tracks", "TRACKS", dict)
+LossMap = _link_type("LossMap", "LOSS_MAP", dict)
+FlowControl = _link_type("FlowControl", "FLOW_CONTROL", tuple)
+Accumulation = _link_type("Accumulation", "ACCUMULATION", dict)
+WanCameraEmbedding = _link_type("WanCameraEmbedding", "WAN_CAMERA_EMBEDDING", torch.Tensor)
+Histogram = _link_type("Histogram", "HISTOGRAM", list)
+# 3D values pass through Weft as plain links (it has no 3D nodes of its own, a pack may).
+Load3DCamera = _link_type("Load3DCamera", "LOAD3D_CAMERA", dict)
+Load3D = _link_type("Load3D", "LOAD_3D", dict)
+Load3DAnimation = _link_type("Load3DAnimation", "LOAD_3D_ANIMATION", dict)
+File3DAny = _link_type("File3DAny", "FILE_3D")
+File3DGLB = _link_type("File3DGLB", "FILE_3D_GLB")
+File3DGLTF = _link_type("File3DGLTF", "FILE_3D_GLTF")
+File3DFBX = _link_type("File3DFBX", "FILE_3D_FBX")
+File3DOBJ = _link_type("File3DOBJ", "FILE_3D_OBJ")
+File3DSTL = _link_type("File3DSTL", "FILE_3D_STL")
+File3DUSDZ = _link_type("File3DUSDZ", "FILE_3D_USDZ")
 AnyType = _link_type("AnyType", "*")
 
 
@@ -799,6 +812,8 @@ __all__ = [
     "ClipVisionOutput", "ControlNet", "StyleModel", "Gligen", "UpscaleModel", "LatentUpscaleModel", "LoraModel",
     "Audio", "Video", "Sampler", "Sigmas", "Noise", "Guider", "Hooks", "HookKeyframes", "TimestepsRange",
     "LatentOperation", "AudioEncoder", "AudioEncoderOutput", "MODEL_PATCH", "Photomaker", "SVG", "Mesh", "Voxel",
-    "Point", "FaceAnalysis", "BBOX", "SEGS", "Tracks", "AnyType", "MultiType", "MatchType", "DynamicInput",
+    "Point", "FaceAnalysis", "BBOX", "SEGS", "Tracks", "LossMap", "FlowControl", "Accumulation",
+    "WanCameraEmbedding", "Histogram", "Load3DCamera", "Load3D", "Load3DAnimation", "File3DAny", "File3DGLB",
+    "File3DGLTF", "File3DFBX", "File3DOBJ", "File3DSTL", "File3DUSDZ", "AnyType", "MultiType", "MatchType", "DynamicInput",
     "Autogrow", "DynamicCombo", "Hidden", "HiddenHolder", "Schema", "ComfyNode", "NodeOutput",
 ]

@@ -1,4 +1,4 @@
-"""Broken: fails the registry's checks (a default above its max)."""
+"""A default above its max: ComfyUI lists it (the editor clamps), so the node loads."""
 
 
 class FixtureBadDefault:

@@ -1,2 +1,2 @@
 """Broken: imports a name the compatibility module lacks."""
-from folder_paths import folder_names_and_paths  # noqa: F401
+from folder_paths import set_output_directory  # noqa: F401

@@ -1,4 +1,4 @@
-"""Broken: the first node is fine, the second is not; neither may be registered."""
+"""Half broken: the first node is fine, the second names no method; the first loads, the second is refused."""
 
 class FixturePartialGood:
     @classmethod
@@ -19,7 +19,7 @@ class FixturePartialBad:
         return {"required": {"x": ("FLOAT", {"default": 2.0, "min": 5.0})}}
 
     RETURN_TYPES = ("FLOAT",)
-    FUNCTION = "run"
+    FUNCTION = "not_a_method"
 
     def run(self, x):
         return (x,)

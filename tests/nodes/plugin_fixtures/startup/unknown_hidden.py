@@ -1,4 +1,4 @@
-"""Broken: a hidden input with an unknown value."""
+"""A hidden input of no hidden value: an ordinary input the editor does not show, so the node loads."""
 
 
 class FixtureBadHidden:
