@@ -125,15 +125,30 @@ def test_system_stats_show_the_group_and_its_ranks(grouped):
     assert worker["ranks"] == RANKS and [r["rank"] for r in worker["rank_processes"]] == [0, 1]
 
 
+def long_t2v_prompt(server, steps: int = 24) -> dict:
+    """The tiny T2V run with many more sampling steps: long enough that a kill lands inside it on any machine."""
+    prompt = t2v_prompt(server)
+    for node_id in nodes_of(prompt, "PrimitiveInt"):
+        prompt[node_id]["inputs"]["value"] = steps
+    return prompt
+
+
+def rank_pids(server) -> list[int] | None:
+    """The group's rank process ids once the group is up, else None (it starts with its first job)."""
+    status, stats = get_json(server.url + "/system_stats")
+    ranks = stats["workers"][0].get("rank_processes") or []
+    pids = [r.get("pid") for r in ranks]
+    return pids if len(pids) == RANKS and all(pids) else None
+
+
 def test_a_rank_killed_mid_job_is_the_worker_lost_and_the_next_job_runs(grouped):
-    status, stats = get_json(grouped.url + "/system_stats")
-    rank1 = stats["workers"][0]["rank_processes"][1]["pid"]
-    prompt_id = submit(grouped, t2v_prompt(grouped))
+    prompt_id = submit(grouped, long_t2v_prompt(grouped))
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while prompt_id not in {job.id for job in grouped.state.store.active()[0]}:
-        assert time.monotonic() < deadline, "the job never started"
+    while prompt_id not in {job.id for job in grouped.state.store.active()[0]} or rank_pids(grouped) is None:
+        assert time.monotonic() < deadline, "the job never started on a group"
         time.sleep(0.05)
-    time.sleep(3.0)  # inside the job (loading or sampling): the rank dies while it holds the job
+    rank1 = rank_pids(grouped)[1]
+    time.sleep(1.0)  # inside the job (loading or sampling its 24 steps): the rank dies while it holds the job
     os.kill(rank1, signal.SIGKILL)
     record = wait_terminal(grouped.url, prompt_id, JOB_TIMEOUT_S)
     assert record["status"]["status_str"] == "success", record["status"]
