@@ -59,7 +59,6 @@ from typing import Any, Callable
 import ray
 
 from cluster.rank_group import RankGroupTransport, free_local_address
-from execution.events import EventBus
 from execution.paths import STAGING_PREFIX, atomic_write_bytes, confine, next_output_name, staging_token
 from execution.placement import named_files
 from cluster.actor_host import file_items
@@ -437,25 +436,31 @@ class RayRankGroup(RankGroupTransport):
         self._release_group()
 
 
+def _remote_pool(runtime: Any, recipes: list[RuntimeRecipe], prefix: str, kind: str, transport_for, *,
+                 grace_s: float, shutdown: Callable[[], None] | None) -> WorkerPool:
+    """One RemoteWorker per recipe, named `prefix-N`, over the transport `transport_for(recipe, name, media_of)`
+    makes; `media_of` tells a transport which input files a prompt names, to send them along."""
+    def media_of(prompt: dict) -> list[tuple[str, str]]:
+        return list(named_files(prompt, runtime.registry, runtime.paths).media)
+
+    workers = [RemoteWorker(lambda recipe=recipe, name=f"{prefix}-{index}": transport_for(recipe, name, media_of),
+                            runtime.events, grace_s=grace_s, name=f"{prefix}-{index}", kind=kind)
+               for index, recipe in enumerate(recipes)]
+    return WorkerPool(workers, close=shutdown)
+
+
 def ray_group_pool(runtime: Any, recipes: list[RuntimeRecipe], ranks: int, *, timeout_s: float,
                    grace_s: float = DEFAULT_INTERRUPT_GRACE_S, gpus_per_rank: float = 0.0, cpus_per_rank: float = 1.0,
                    threads: int | None = None, scratch_root: str | None = None,
                    shutdown: Callable[[], None] | None = None) -> WorkerPool:
     """One rank group of `ranks` Ray actors per recipe (Ray must be initialised), relaying rank 0's events."""
     bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {})}
-
-    def media_of(prompt: dict) -> list[tuple[str, str]]:
-        return list(named_files(prompt, runtime.registry, runtime.paths).media)
-
-    workers = []
-    for index, recipe in enumerate(recipes):
-        name = f"ray-group-{index}"
-        workers.append(RemoteWorker(
-            lambda recipe=recipe, name=name: RayRankGroup(recipe, ranks, name, runtime.paths, timeout_s=timeout_s,
-                                                          bundle=bundle, scratch_root=scratch_root, threads=threads,
-                                                          media_of=media_of),
-            runtime.events, grace_s=grace_s, name=name, kind=f"ray rank group of {ranks} actors"))
-    return WorkerPool(workers, close=shutdown)
+    return _remote_pool(
+        runtime, recipes, "ray-group", f"ray rank group of {ranks} actors",
+        lambda recipe, name, media_of: RayRankGroup(recipe, ranks, name, runtime.paths, timeout_s=timeout_s,
+                                                    bundle=bundle, scratch_root=scratch_root, threads=threads,
+                                                    media_of=media_of),
+        grace_s=grace_s, shutdown=shutdown)
 
 
 # ---------------------------------------------------------------------- the pool
@@ -536,20 +541,11 @@ def ray_pool(runtime: Any, recipes: list[RuntimeRecipe], *, grace_s: float = DEF
              scratch_root: str | None = None, shutdown: Callable[[], None] | None = None) -> WorkerPool:
     """One Ray worker per recipe (Ray must be initialised), relaying events to `runtime.events`."""
     options = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
-    events: EventBus = runtime.events
-
-    def media_of(prompt: dict) -> list[tuple[str, str]]:
-        return list(named_files(prompt, runtime.registry, runtime.paths).media)
-
-    workers = []
-    for index, recipe in enumerate(recipes):
-        name = f"ray-{index}"
-        workers.append(RemoteWorker(
-            lambda recipe=recipe, name=name: RayTransport(WorkerActor, recipe, name, runtime.paths, options=options,
-                                                          scratch_root=scratch_root, threads=threads,
-                                                          media_of=media_of),
-            events, grace_s=grace_s, name=name, kind="ray"))
-    return WorkerPool(workers, close=shutdown)
+    return _remote_pool(
+        runtime, recipes, "ray", "ray",
+        lambda recipe, name, media_of: RayTransport(WorkerActor, recipe, name, runtime.paths, options=options,
+                                                    scratch_root=scratch_root, threads=threads, media_of=media_of),
+        grace_s=grace_s, shutdown=shutdown)
 
 
 def pool_from_args(args: argparse.Namespace) -> Callable[[Any, Any], WorkerPool]:
