@@ -114,7 +114,14 @@ def read_header(path: str) -> Header:
     with open(path, "rb") as f:
         header_len = struct.unpack("<Q", f.read(8))[0]
         text = f.read(header_len)
-    return _parse_header(path, text)
+    header = _parse_header(path, text)
+    try:  # the library's own checks (offsets, dtypes), with its message tied to the file
+        from safetensors import SafetensorError, safe_open
+        with safe_open(path, framework="pt", device="cpu"):
+            pass
+    except SafetensorError as exc:
+        raise ValueError(f"{os.path.basename(path)}: not a valid safetensors file ({exc})") from None
+    return header
 
 
 def _parse_header(path: str, text: bytes) -> Header:
@@ -141,12 +148,6 @@ def _parse_header(path: str, text: bytes) -> Header:
             raise ValueError(f"{name}: tensor {key[:200]!r} in the safetensors header needs a \"dtype\" string and "
                              f"a \"shape\" list of sizes; found {json.dumps(entry)[:200]}")
         tensors[key] = TensorInfo(dtype, tuple(shape))
-    try:  # the library's own checks (offsets, dtypes), with its message tied to the file
-        from safetensors import SafetensorError, safe_open
-        with safe_open(path, framework="pt", device="cpu"):
-            pass
-    except SafetensorError as exc:
-        raise ValueError(f"{name}: not a valid safetensors file ({exc})") from None
     return Header(path, dict(metadata), tensors)
 
 
