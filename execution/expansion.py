@@ -44,6 +44,13 @@ class Expansion:
                 raise RunFailure.node_raised(
                     node, RuntimeError(f"expansion node id {new_id!r} is already in the graph"))
         new_ids = [self._add_child(node, child, body, renamed) for child, body in graph.items()]
+        nodes = self.prompt.nodes
+        for child in new_ids:
+            for name, value in nodes[child].inputs.items():
+                if type(value) is Link and value.node not in nodes:
+                    raise RunFailure.node_raised(node, RuntimeError(
+                        f"its expansion links input {name!r} of {nodes[child].class_type} to node "
+                        f"{value.node!r}, which is not in the graph"))
         try:
             self.readiness.sign(new_ids)  # the expansion's own nodes, sorted; outer sources are known
         except CycleError as cycle:  # the node that expanded is the one a client can point at
@@ -62,7 +69,6 @@ class Expansion:
                     resolved.append(value)
             template.append(resolved)
         # Output nodes no other child consumes are targets; a consumed one runs when its consumer does.
-        nodes = self.prompt.nodes
         consumed = {link.node for child in new_ids for link in nodes[child].links()}
         for child in new_ids:
             if self.registry.get(nodes[child].class_type).output_node and child not in consumed:

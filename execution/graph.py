@@ -303,3 +303,51 @@ def collector_paused(*, keep_as_old: bool = False) -> Iterator[None]:
             gc.unfreeze()
         if was_enabled:
             gc.enable()
+
+
+class PromptReader:
+    """The run's prompt as a node that asks for the hidden DYNPROMPT value reads it.
+
+    Packs written for ComfyUI walk the live graph (expansions included) through a small read API:
+    `get_node(id)` gives the node as API-format data, links as `[source_id, output_index]` lists, which
+    is what a pack's own graph walk compares and copies into a `GraphBuilder`. Each call builds fresh
+    data, so a pack editing what it got changes nothing in the run. Weft's own nodes read `prompt`.
+    """
+
+    __slots__ = ("prompt",)
+
+    def __init__(self, prompt: Prompt) -> None:
+        self.prompt = prompt
+
+    def _node(self, node_id: Any) -> PromptNode:
+        node = self.prompt.nodes.get(str(node_id))
+        if node is None:
+            raise KeyError(f"node {node_id!r} is not in this run's graph")
+        return node
+
+    def get_node(self, node_id: Any) -> dict[str, Any]:
+        node = self._node(node_id)
+        inputs = {name: value.to_json() if type(value) is Link else value for name, value in node.inputs.items()}
+        data: dict[str, Any] = {"class_type": node.class_type, "inputs": inputs}
+        if node.title is not None:
+            data["_meta"] = {"title": node.title}
+        return data
+
+    def has_node(self, node_id: Any) -> bool:
+        return str(node_id) in self.prompt.nodes
+
+    def all_node_ids(self) -> set[str]:
+        return set(self.prompt.nodes)
+
+    def get_original_prompt(self) -> dict[str, Any]:
+        return self.prompt.raw
+
+    def get_real_node_id(self, node_id: Any) -> str:
+        node = self._node(node_id)
+        return node.real_id or node.id
+
+    def get_parent_node_id(self, node_id: Any) -> str | None:
+        return self._node(node_id).parent
+
+    def get_display_node_id(self, node_id: Any) -> str:
+        return self._node(node_id).display_id

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from execution import context as run_context
 from execution.failure import RunFailure
-from execution.graph import Link, Prompt, PromptNode, is_link_value
+from execution.graph import Link, Prompt, PromptNode, PromptReader, is_link_value
 from execution.paths import Paths
 from execution.readiness import Slot
 from execution.spec import NodeSpec
@@ -62,7 +62,11 @@ class NodeCaller:
             if name not in node.inputs:
                 continue
             value = node.inputs[name]
-            if type(value) is Link:
+            if type(value) is Link and inp is not None and inp.options.get("rawLink"):
+                # The node asked for the link itself (a pack's loop close reads where its flow comes from);
+                # the source still runs first, as a dependency.
+                gathered[name] = [value.to_json()]
+            elif type(value) is Link:
                 source = slots.get(value.node)
                 produced = source.values if source is not None else None
                 if produced is None:
@@ -84,7 +88,7 @@ class NodeCaller:
         if kind == "EXTRA_PNGINFO":
             return self.extra_data.get("extra_pnginfo")
         if kind == "DYNPROMPT":
-            return self.prompt
+            return PromptReader(self.prompt)
         return self.extra_data.get(kind.lower())
 
     def context(self, node: PromptNode) -> run_context.RunContext:
@@ -97,15 +101,17 @@ class NodeCaller:
     async def lazy_wanted(self, slot: Slot, gathered: dict[str, list[Any]], unevaluated: list[str]) -> list[str]:
         """The unevaluated lazy inputs the node asks for (`check_lazy_status`)."""
         spec = slot.spec
-        args = {k: (v if spec.input_is_list else (v[0] if v else None)) for k, v in gathered.items()}
-        for name in unevaluated:
-            args[name] = None
-        wanted = await self._invoke(slot.node, spec.check_lazy_status, spec.group_arguments(args), gathered)
-        if wanted is None:
-            return []
-        if isinstance(wanted, str):
-            wanted = [wanted]
-        return [str(w) for w in wanted if str(w) in unevaluated]
+        # Asked once per call the node will make (ComfyUI maps the hook like execute): with a list
+        # input, each item may need a different lazy input, and the node gets the union.
+        wanted: list[str] = []
+        for args in call_arguments(spec.input_is_list, gathered):
+            answer = await self._invoke(slot.node, spec.check_lazy_status, spec.group_arguments(args), gathered)
+            if answer is None:
+                continue
+            for name in [answer] if isinstance(answer, str) else answer:
+                if str(name) in unevaluated and str(name) not in wanted:
+                    wanted.append(str(name))
+        return wanted
 
     async def call(self, slot: Slot, gathered: dict[str, list[Any]]) -> Called:
         """Call the node once per element of its list inputs and gather what the calls return."""
@@ -114,10 +120,19 @@ class NodeCaller:
         called = Called([[] for _ in spec.outputs], {}, [])
         calls = call_arguments(spec.input_is_list, gathered)
         context = self.context(node)
+        invoked = 0
         for args in calls:
+            blocker = blocker_in(args, spec.input_is_list)
+            if blocker is not None:  # this call is skipped; its items downstream are blocked in turn
+                if spec.output_node and blocker.message:
+                    raise RunFailure.node_raised(node, RuntimeError(blocker.message), gathered)
+                for values in called.outputs:
+                    values.append(blocker)
+                continue
             result = await self._invoke(node, execute, group(args), gathered, context, may_await=spec.is_async)
             _collect(node, spec, result, called, gathered)
-        called.calls = len(calls)
+            invoked += 1
+        called.calls = invoked
         called.ui = called.ui or None
         return called
 
@@ -154,12 +169,16 @@ def call_arguments(input_is_list: bool, gathered: dict[str, list[Any]]) -> list[
     return [{k: v[i] if i < len(v) else v[-1] for k, v in gathered.items()} for i in range(count)]
 
 
-def blocker_in(gathered: dict[str, list[Any]]) -> ExecutionBlocker | None:
-    """The first ExecutionBlocker among the gathered items, if any."""
-    for items in gathered.values():
-        for item in items:
-            if type(item) is ExecutionBlocker:
-                return item
+def blocker_in(args: dict[str, Any], input_is_list: bool) -> ExecutionBlocker | None:
+    """The ExecutionBlocker that skips one call, if any: a mapped call is blocked by a blocked item of
+    its own, a list node's single call by a blocked item anywhere in its lists (ComfyUI's rule)."""
+    for value in args.values():
+        if input_is_list:
+            for item in value:
+                if type(item) is ExecutionBlocker:
+                    return item
+        elif type(value) is ExecutionBlocker:
+            return value
     return None
 
 

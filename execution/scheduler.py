@@ -46,11 +46,15 @@ The rules:
 
 - Only what the outputs need and the cache lacks runs. An output with a stand-in (the graph
   rewrite's `stand_ins`, execution.rewrite) is reached through its stand-in.
-- Link inputs a node does not declare are plain dependencies: waited for and kept alive, never passed.
+- Link inputs a node does not declare are passed as keyword arguments too (variadic pack nodes rely on
+  it); constants it does not declare are not. A `rawLink` input gets the link itself, `[source, output]`,
+  and its source still runs first.
 - Lazy inputs are requested through `check_lazy_status`; the node is staged again until satisfied.
 - A node not marked input-is-list is called once per element of its list inputs (shorter lists
   repeat their last element); outputs marked is-list concatenate.
-- `ExecutionBlocker` values skip their consumers (an output node reached by one with a message fails).
+- `ExecutionBlocker` values skip the calls that receive them: a mapped call whose own item is blocked,
+  the single call of an input-is-list node with a blocked item anywhere; each skipped call puts a
+  blocker in every output. An output node reached by a blocker with a message fails.
 - Expansion ids, results and tail expansion: see execution.expansion.
 - Interruption and cancellation are checked between nodes and inside progress callbacks.
 - Every early end is a `RunFailure` (execution.failure), which renders the job's
@@ -74,7 +78,7 @@ from execution.expansion import Expansion
 from execution.failure import ERROR, INTERRUPTED, RunFailure
 from execution.graph import Prompt, PromptNode, collector_paused
 from execution.node_progress import NodeProgress
-from execution.node_call import Called, NodeCaller, blocker_in, merge_ui
+from execution.node_call import NodeCaller, merge_ui
 from execution.paths import Paths
 from execution.profile import ProfileRows, Profiler
 from execution.readiness import Readiness, Slot
@@ -306,13 +310,7 @@ class _Job:
             raise RunFailure.interrupted(node)
         if self.bus.active:
             self._announce(node)
-        blocker = blocker_in(gathered)
-        if blocker is None:
-            called = await self.caller.call(slot, gathered)
-        elif spec.output_node and blocker.message:
-            raise RunFailure.node_raised(node, RuntimeError(blocker.message), gathered)
-        else:
-            called = Called([[blocker] for _ in spec.outputs])
+        called = await self.caller.call(slot, gathered)  # blocked calls are skipped there, one by one
         self.profiler.ran(node, called.calls, wall0, cpu0)
         if called.ui:
             self._record_ui(node, called.ui)

@@ -183,6 +183,16 @@ _CROP = Input.combo("crop", list(CROP_METHODS), "center",
                             "'disabled' stretches.")
 _SIDE = dict(min=0, max=MAX_RESOLUTION, step=1)
 
+def _rebatch_images(images: list[torch.Tensor], batch_size: list[int]) -> tuple[list[torch.Tensor]]:
+    size = int(batch_size[0])
+    frames = [frame for batch in images for frame in check_image("RebatchImages", batch, "images").split(1)]
+    shapes = {tuple(frame.shape[1:]) for frame in frames}
+    if len(shapes) > 1:
+        raise ValueError(f"RebatchImages: input 'images' mixes picture sizes {sorted(shapes)}; a batch holds one "
+                         "size, so resize them to one size first")
+    return ([torch.cat(frames[i:i + size]) for i in range(0, len(frames), size)],)
+
+
 NODES = [
     NodeSpec(
         node_id="LoadImage", display_name="Load Image", category="image", python_module="nodes",
@@ -305,5 +315,14 @@ NODES = [
         ],
         outputs=[Output("COMFY_MATCHTYPE_V3", "resized", match_type="input_type")],
         search_aliases=("resize", "resize image", "resize mask", "scale image", "scale mask"),
+    ),
+    NodeSpec(
+        node_id="RebatchImages", display_name="Rebatch Images", category="image/batch",
+        python_module="comfy_extras.nodes_rebatch",
+        description="Takes every image of every incoming batch, in order, and regroups them into batches of "
+                    "batch_size; the last batch holds what is left.",
+        execute=_rebatch_images, input_is_list=True,
+        inputs=[Input.link("images", "IMAGE"), Input.int("batch_size", 1, min=1, max=4096)],
+        outputs=[Output("IMAGE", is_list=True)],
     ),
 ]

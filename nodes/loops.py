@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from execution.context import DEFAULT_MAX_LOOP_ITERATIONS, current
 from execution.errors import node_error
-from execution.graph import Link, Prompt, PromptNode
+from execution.graph import Link, Prompt, PromptNode, PromptReader
 from execution.rewrite import GraphRewrite, RewriteResult
 from nodes.spec import MATCH_TYPE, Input, InputSpec, NodeOutput, NodeSpec, Output
 
@@ -404,8 +404,8 @@ def _start_loop(**_: Any) -> tuple:
 
 
 def _end_loop(accumulate: list, dynprompt: list | None = None, unique_id: list | None = None, **_: Any) -> NodeOutput:
-    prompt, end_id = _first(dynprompt), _first(unique_id)
-    node = prompt.nodes.get(end_id) if isinstance(prompt, Prompt) else None
+    reader, end_id = _first(dynprompt), _first(unique_id)
+    node = reader.prompt.nodes.get(end_id) if isinstance(reader, PromptReader) else None
     template = node.inputs.get(LOOP_KEY) if node is not None else None
     if type(template) is not LoopTemplate:
         raise ValueError(f"End Loop {end_id} was not paired with a Start Loop at validation; "

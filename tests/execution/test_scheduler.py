@@ -130,6 +130,47 @@ def test_execution_blocker_skips_consumers(runner):
     assert failed.status == "error" and "blocked on purpose" in failed.error["exception_message"]
 
 
+def test_a_blocked_item_of_a_list_skips_only_its_own_calls(runner):
+    prompt = {
+        "src": {"class_type": "TestListSource", "inputs": {"count": 4, "start": 1}},
+        "odd": {"class_type": "TestBlockOdd", "inputs": {"value": ["src", 0]}},
+        "after": {"class_type": "TestAdd", "inputs": {"a": ["odd", 0], "b": 100}},
+        "each": {"class_type": "TestOutput", "inputs": {"value": ["after", 0]}},
+        "sum": {"class_type": "TestListSum", "inputs": {"values": ["after", 0]}},
+        "total": {"class_type": "TestOutput", "inputs": {"value": ["sum", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["each"]["values"] == [102, 104]  # items 1 and 3 were blocked, 2 and 4 went on
+    assert result.profile["after"]["calls"] == 2
+    assert "total" not in result.outputs  # a list node's one call sees a blocked item: it is skipped whole
+
+
+def test_check_lazy_status_is_asked_once_per_mapped_call(runner):
+    prompt = {
+        "cond": {"class_type": "TestBoolList", "inputs": {"bits": "1,0"}},
+        "a": {"class_type": "TestConst", "inputs": {"value": 1}},
+        "b": {"class_type": "TestConst", "inputs": {"value": 2}},
+        "sel": {"class_type": "TestLazySelect", "inputs": {"cond": ["cond", 0], "a": ["a", 0], "b": ["b", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["sel", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["out"]["values"] == [1, 2]  # the second item needed b, which the first did not
+
+
+def test_a_raw_link_input_gets_the_link_and_waits_for_its_source(runner):
+    prompt = {
+        "c": {"class_type": "TestConst", "inputs": {"value": 5}},
+        "raw": {"class_type": "TestRawLink", "inputs": {"source": ["c", 0]}},
+        "out": {"class_type": "TestOutput", "inputs": {"value": ["raw", 0]}},
+    }
+    result = runner.run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["out"]["values"] == ["c:0:TestConst"]
+    assert "c" in result.executed
+
+
 def test_async_node(runner):
     prompt = {
         "c": {"class_type": "TestConst", "inputs": {"value": 1}},

@@ -305,3 +305,12 @@ def test_missing_image_file_error_through_validation(registry, paths):
         deactivate(token)
     text = json.dumps(caught.value.to_json())
     assert "nope.png" in text and "searched folder" in text
+
+
+def test_rebatch_images_regroups_every_frame_in_order():
+    batches = [torch.full((2, 3, 4, 3), 0.1), torch.full((1, 3, 4, 3), 0.2), torch.full((3, 3, 4, 3), 0.3)]
+    [out] = run("RebatchImages", images=batches, batch_size=[4])
+    assert [tuple(b.shape) for b in out] == [(4, 3, 4, 3), (2, 3, 4, 3)]
+    assert torch.equal(torch.cat(out), torch.cat(batches))
+    with pytest.raises(ValueError, match="RebatchImages: input 'images' mixes picture sizes"):
+        run("RebatchImages", images=[torch.zeros(1, 3, 4, 3), torch.zeros(1, 5, 4, 3)], batch_size=[2])

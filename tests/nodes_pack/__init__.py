@@ -301,12 +301,59 @@ class TestGraphSize:
     CATEGORY = "testing"
 
     def run(self, value, dynprompt=None):
-        return (len(dynprompt.nodes),)
+        return (len(dynprompt.all_node_ids()),)
+
+
+class TestBoolList:
+    """A list of booleans from "1,0,1"."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"bits": ("STRING", {"default": "1,0"})}}
+
+    RETURN_TYPES = ("BOOLEAN",)
+    OUTPUT_IS_LIST = (True,)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, bits):
+        return ([bit.strip() == "1" for bit in bits.split(",")],)
+
+
+class TestBlockOdd:
+    """Blocks odd values, passes even ones (mapped over a list, it blocks item by item)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"forceInput": True})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value):
+        return (ExecutionBlocker(None) if value % 2 else value,)
+
+
+class TestRawLink:
+    """Reports the link its `source` input arrives as, and the class of the node it names."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"source": ("INT", {"rawLink": True, "forceInput": True})},
+                "hidden": {"dynprompt": "DYNPROMPT"}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, source, dynprompt=None):
+        return (f"{source[0]}:{source[1]}:{dynprompt.get_node(source[0])['class_type']}",)
 
 
 NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls in (
     TestConst, TestAdd, TestMul, TestLazySelect, TestExpandAddChain, TestOutput, TestListSource, TestListSum,
     TestFail, TestSlow, TestAsyncAdd, TestBlock, TestAlwaysChanged, TestNotIdempotent, TestValidated,
-    TestRecord, TestMixedList, TestTag, TestGraphSize,
+    TestRecord, TestMixedList, TestTag, TestGraphSize, TestBoolList, TestBlockOdd, TestRawLink,
 )}
 NODE_DISPLAY_NAME_MAPPINGS = {"TestOutput": "Test Output"}
