@@ -134,9 +134,11 @@ class Runtime:
         run_context.configure(self.paths, self.services)
         # After configure: plugins may list model files (folder_paths) while they import.
         from nodes import plugins
+        from execution.job_store import STORE_FILE
         from nodes.pack_server import PackServer
 
-        self.pack_server = PackServer(self.events)  # PromptServer.instance for this runtime's packs
+        # PromptServer.instance for this runtime's packs; its prompt_queue reads the server's job store.
+        self.pack_server = PackServer(self.events, queue_file=Path(self.paths.user) / STORE_FILE)
         self.plugin_reports = plugins.load_from_args(self.registry, self.paths.base, args, server=self.pack_server)
         self.executor = None
         if runs_jobs:

@@ -18,6 +18,10 @@ EVENT_TYPES = (
     # A log line of a job worker (process or Ray actor), relayed so the server logs it: {"prompt_id", "level",
     # "name", "message"}. Never a websocket frame: the server's log (terminal and logs panel) shows it.
     "log",
+    # A node pack put a prompt back on the queue (`PromptServer.instance.prompt_queue.put`, in whichever
+    # process its node runs): {"prompt_id", "number", "prompt", "extra_data"}. The server validates and
+    # queues it as it does a POST /prompt; never a websocket frame.
+    "pack_requeue",
 )
 
 Subscriber = Callable[[str, dict[str, Any]], None]

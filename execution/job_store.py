@@ -42,6 +42,7 @@ class JobState(StrEnum):
 
 TERMINAL = (JobState.SUCCESS, JobState.ERROR, JobState.CANCELLED, JobState.INTERRUPTED)
 ACTIVE = (JobState.PENDING, JobState.RUNNING)
+STORE_FILE = "jobs.sqlite3"  # the store's file in the user folder
 MAX_ATTEMPTS = 2  # a job cut short by a crash goes to a worker at most this many times in all
 DEFAULT_HISTORY_CAP = 10_000  # terminal records kept; the oldest go first
 
@@ -495,6 +496,24 @@ class JobStore:
         with self._lock:
             rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
         return {status: n for status, n in rows}
+
+
+def read_active(path: str | Path) -> tuple[list[Job], list[Job]]:
+    """(running, pending) in queue order, read from the store file another process writes.
+
+    Opened read-only and closed again at once: it takes no part in the writer's transactions, and under
+    WAL it never waits for one. A file that does not exist (no server has run here) reads as empty."""
+    path = Path(path)
+    if not path.is_file():
+        return [], []
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE status IN ('pending', 'running') "
+                          "ORDER BY number, seq").fetchall()
+    finally:
+        db.close()
+    jobs = [_row_to_job(row) for row in rows]
+    return [j for j in jobs if j.status == "running"], [j for j in jobs if j.status == "pending"]
 
 
 def workflow_id_of(job: Job) -> str | None:

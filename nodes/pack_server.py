@@ -18,6 +18,11 @@ plugins import, so the instance exists while they import and while their nodes r
   schedules there (such as `send`) still run; `app` does not exist there.
 - `add_on_prompt_handler` registers a function that sees, and may replace, every body sent to
   `POST /prompt` before it is validated.
+- `prompt_queue` is the server's job queue as packs read it (`PackQueue`): running and pending items in
+  ComfyUI's form `(number, prompt_id, prompt, extra_data, outputs_to_execute)`, read from the job
+  store's file, so a node in a job worker process sees what the server holds; `put` queues a prompt again
+  through the server's own path (validated like a POST /prompt). `number` is the counter packs that
+  re-queue read and bump.
 
 Any other attribute ComfyUI's server has is absent: reading it raises AttributeError naming it, so a
 pack that needs it fails at import with that name.
@@ -30,12 +35,15 @@ import json
 import logging
 import struct
 import threading
+import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
 
 from execution.context import current
 from execution.events import EventBus
+from execution.job_store import read_active
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +77,70 @@ class PackRoutes(web.RouteTableDef):
         del self._items[length:]
 
 
+class PackQueue:
+    """The server's job queue as packs read and feed it (`PromptServer.instance.prompt_queue`).
+
+    Reads go to the job store's file, read-only, so they answer the same in the server and in a job
+    worker process on the same machine. `put` does not write the store: it asks the server to queue the
+    prompt (an event that crosses from a worker like every other), which validates it as a POST /prompt.
+    """
+
+    def __init__(self, store_file: Path | None, events: EventBus) -> None:
+        self._file = store_file
+        self._events = events
+
+    def _active(self) -> tuple[list, list]:
+        if self._file is None:
+            return [], []
+        running, pending = read_active(self._file)
+        return [tuple(job.queue_item()) for job in running], [tuple(job.queue_item()) for job in pending]
+
+    def get_current_queue(self) -> tuple[list[tuple], list[tuple]]:
+        """Two lists, the jobs running and the jobs waiting, as ComfyUI's queue items (see `put`)."""
+        return self._active()
+
+    def get_current_queue_volatile(self) -> tuple[list[tuple], list[tuple]]:
+        """The same as get_current_queue (each call reads the store afresh)."""
+        return self._active()
+
+    @property
+    def currently_running(self) -> dict[int, tuple]:
+        """The running items by a small index, as ComfyUI's queue keeps them."""
+        return dict(enumerate(self._active()[0]))
+
+    def get_tasks_remaining(self) -> int:
+        """How many jobs are running or waiting."""
+        running, pending = self._active()
+        return len(running) + len(pending)
+
+    def put(self, item: Any) -> None:
+        """Queue a prompt again. `item` has the shape of a queue item: a tuple of the queue number, a prompt id
+        (a fresh one replaces anything not a UUID), the API prompt, its extra data and, ignored here, the
+        output ids. The server validates it; one it refuses is logged there, naming the prompt id."""
+        if self._file is None or not self._file.is_file():
+            raise RuntimeError("PromptServer.instance.prompt_queue.put: there is no server queue in this run "
+                               "(a headless `main.py run`); start Weft's server to queue prompts from a node")
+        if not isinstance(item, (tuple, list)) or len(item) < 3 or not isinstance(item[2], dict):
+            raise TypeError("prompt_queue.put needs a queue item: a tuple whose third entry is the API prompt "
+                            f"as a dict; got {type(item).__name__}")
+        number = item[0] if isinstance(item[0], (int, float)) and not isinstance(item[0], bool) else None
+        try:
+            prompt_id = str(uuid.UUID(str(item[1])))
+        except ValueError:
+            prompt_id = str(uuid.uuid4())
+        extra_data = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
+        data = {"prompt_id": prompt_id, "number": number, "prompt": item[2], "extra_data": extra_data}
+        ctx = current()
+        (ctx.emit if ctx.prompt_id else self._events.emit)("pack_requeue", data)
+
+
 class PackServer:
     """One runtime's answer to ComfyUI's PromptServer, as far as Weft can make it real (see the module)."""
 
     instance: "PackServer"  # the installed one (ComfyUI packs read PromptServer.instance)
 
-    def __init__(self, events: EventBus | None = None) -> None:
+    def __init__(self, events: EventBus | None = None, *, queue_file: Path | None = None) -> None:
+        self.number = 0  # ComfyUI's prompt counter: packs that re-queue read and bump it
         self.routes = PackRoutes()
         self.supports = list(SUPPORTS)
         self._events = events if events is not None else EventBus()
@@ -83,6 +149,7 @@ class PackServer:
         self._server_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop_lock = threading.Lock()
+        self.prompt_queue = PackQueue(queue_file, self._events)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -90,7 +157,7 @@ class PackServer:
         reason = _CONDITIONAL.get(name, "Weft's compatibility layer does not provide it")
         raise AttributeError(f"PromptServer.instance has no attribute {name!r}: {reason} (provided: routes, send_sync, "
                              "send, send_json, send_bytes, send_progress_text, client_id, last_node_id, "
-                             "last_prompt_id, loop, app, add_on_prompt_handler, supports)")
+                             "last_prompt_id, loop, app, add_on_prompt_handler, supports, prompt_queue, number)")
 
     # ------------------------------------------------------------------ the running job
     @property

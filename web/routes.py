@@ -22,10 +22,9 @@ from execution.paths import MODEL_FOLDERS, UnsafePathError
 from web.files import refuses_os_errors
 from web.object_info import object_info
 from web.security import JsonTooDeep, check_json_depth, json_error, loads_bounded
-from web.state import STATE_KEY, WEFT_VERSION, ServerState
+from web.state import JOBS_LOG, STATE_KEY, WEFT_VERSION, ServerState
 
 logger = logging.getLogger(__name__)
-JOBS_LOG = logging.getLogger("weft.jobs")  # what a person follows jobs by (web/logs.py sets it to INFO)
 
 MEDIA_KEYS = ("images", "video", "audio", "gifs", "animated_images")  # ui output lists the editor can preview
 
@@ -105,8 +104,9 @@ async def post_prompt(request: web.Request) -> web.Response:
 
     loop = asyncio.get_running_loop()
     try:
-        api_prompt, validated = await loop.run_in_executor(
-            None, lambda: state.runtime.prepare(prompt, partial_targets=targets))
+        job, validated = await loop.run_in_executor(None, lambda: state.enqueue(
+            prompt, prompt_id=prompt_id, number=number, front=front, client_id=client_id, extra_data=extra_data,
+            targets=targets))
     except PromptError as error:
         return web.json_response(error.to_json(), status=400)
     except (RecursionError, MemoryError) as exc:
@@ -116,23 +116,6 @@ async def post_prompt(request: web.Request) -> web.Response:
         return web.json_response({"error": {"type": "invalid_prompt", "message": "the prompt could not be validated",
                                             "details": f"{type(exc).__name__}: {exc}"[:500], "extra_info": {}},
                                   "node_errors": {}}, status=400)
-    try:  # node packs' prompt handlers and the workflow conversion ran since the body was read
-        check_json_depth(api_prompt, what="the prompt is")
-        check_json_depth(extra_data, what="'extra_data' is")
-    except JsonTooDeep as exc:
-        return _bad(str(exc))
-    queue_number = float(number) if number is not None else state.store.next_number(front=front)
-    if number is not None and front:
-        queue_number = -abs(queue_number)
-    try:
-        job = await loop.run_in_executor(None, lambda: state.store.add(
-            prompt_id, api_prompt, number=queue_number, client_id=client_id, extra_data=extra_data,
-            outputs_to_execute=list(validated.outputs), partial_targets=targets))
-    except ValueError as exc:
-        return _bad(str(exc))
-    JOBS_LOG.info("got prompt %s", prompt_id)  # the logs panel's first line of every job, as in ComfyUI
-    state.runner.submitted(prompt_id, validated)
-    state.queue_changed()
     shown = int(job.number) if float(job.number).is_integer() else job.number
     return web.json_response({"prompt_id": prompt_id, "number": shown, "node_errors": validated.node_errors})
 

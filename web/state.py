@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,11 +10,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from aiohttp import web
 
+from execution.errors import PromptError
 from execution.job_runner import JobHooks, JobRunner
-from execution.job_store import JobStore
+from execution.job_store import STORE_FILE, JobStore
 from execution.placement import model_bytes, named_files
 from execution.worker import LocalProcessTransport, RemoteWorker
-from web.security import SecurityConfig
+from web.security import JsonTooDeep, SecurityConfig, check_json_depth
 from web.websocket import EventBridge, Hub
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 WEB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = WEB_DIR.parent
 WEFT_VERSION = "0.1.0"
+logger = logging.getLogger(__name__)
+JOBS_LOG = logging.getLogger("weft.jobs")  # what a person follows jobs by (web/logs.py sets it to INFO)
 SINGLE_USER = "default"  # the user folder under --user-directory when one person uses the server
 
 
@@ -96,7 +100,7 @@ class ServerState:
         self.paths = runtime.paths
         self.user_root = Path(self.paths.user) / SINGLE_USER
         self.front_end_root = Path(config.front_end_root).resolve() if config.front_end_root else default_front_end_root()
-        self.store = JobStore(Path(self.paths.user) / "jobs.sqlite3", history_cap=config.history_cap)
+        self.store = JobStore(Path(self.paths.user) / STORE_FILE, history_cap=config.history_cap)
         self.hub = Hub()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bridge: EventBridge | None = None
@@ -142,6 +146,53 @@ class ServerState:
         if unload_models:
             self.runtime.unload_models()
 
+    # ------------------------------------------------------------------ accepting prompts
+    def enqueue(self, prompt: Any, *, prompt_id: str, number: float | None = None, front: bool = False,
+                client_id: str | None = None, extra_data: dict | None = None,
+                targets: list[str] | None = None) -> tuple[Any, ValidatedPrompt]:
+        """Validate `prompt` (API or editor format), store it durably and hand it to the runner: what
+        POST /prompt and a pack's re-queue both do. Blocking (validation): call it off the event loop.
+        PromptError when it cannot run or cannot be queued."""
+        extra_data = {} if extra_data is None else extra_data
+        api_prompt, validated = self.runtime.prepare(prompt, partial_targets=targets)
+        try:  # node packs' prompt handlers and the workflow conversion ran since the body was read
+            check_json_depth(api_prompt, what="the prompt is")
+            check_json_depth(extra_data, what="'extra_data' is")
+        except JsonTooDeep as exc:
+            raise PromptError("invalid_prompt", str(exc)) from None
+        queue_number = float(number) if number is not None else self.store.next_number(front=front)
+        if number is not None and front:
+            queue_number = -abs(queue_number)
+        try:
+            job = self.store.add(prompt_id, api_prompt, number=queue_number, client_id=client_id,
+                                 extra_data=extra_data, outputs_to_execute=list(validated.outputs),
+                                 partial_targets=targets)
+        except ValueError as exc:
+            raise PromptError("invalid_prompt", str(exc)) from None
+        JOBS_LOG.info("got prompt %s", prompt_id)  # the logs panel's first line of every job, as in ComfyUI
+        self.runner.submitted(prompt_id, validated)
+        self.queue_changed()
+        return job, validated
+
+    def _pack_requeued(self, event: str, data: dict) -> None:
+        """EventBus subscriber: a node pack put a prompt back on the queue (nodes/pack_server.py)."""
+        if event != "pack_requeue" or self.loop is None:
+            return
+
+        def accept() -> None:
+            try:
+                self.enqueue(data["prompt"], prompt_id=data["prompt_id"], number=data.get("number"),
+                             client_id=(data.get("extra_data") or {}).get("client_id"),
+                             extra_data=data.get("extra_data"))
+            except PromptError as error:
+                logger.warning("a node pack re-queued prompt %s, which was refused: %s", data.get("prompt_id"),
+                               error.to_json().get("error", {}).get("message"))
+            except Exception:
+                logger.warning("a node pack re-queued prompt %s, which could not be queued", data.get("prompt_id"),
+                               exc_info=True)
+
+        self.loop.call_soon_threadsafe(self.loop.run_in_executor, None, accept)
+
     # ------------------------------------------------------------------ queue status
     def queue_status(self) -> dict:
         """The `status` payload: jobs pending or running."""
@@ -184,6 +235,7 @@ class ServerState:
         self.loop = asyncio.get_running_loop()
         self.bridge = EventBridge(self.loop, self.hub, self.client_of)
         self._unsubscribe = self.runtime.events.subscribe(self.bridge)
+        self._unsubscribe_requeue = self.runtime.events.subscribe(self._pack_requeued)
         if self.packs is not None:
             self.packs.attach(app, self.loop)
         self.runner.start()
@@ -194,6 +246,7 @@ class ServerState:
         if self.pool is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.close)
         self._unsubscribe()
+        self._unsubscribe_requeue()
         if self.packs is not None:
             self.packs.detach(app)
         await self.hub.close_all()

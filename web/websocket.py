@@ -287,8 +287,8 @@ class EventBridge:
         self._outbox_lock = threading.Lock()
 
     def __call__(self, event: str, data: dict) -> None:
-        if event == "log":
-            return  # a worker's log line: the server's log shows it (web/logs.py), no frame of its own
+        if event in ("log", "pack_requeue"):
+            return  # a worker's log line (web/logs.py shows it) or a pack's re-queue (web/state.py): no frame
         prompt_id = data.get("prompt_id")
         if not self.hub.clients and event not in TERMINAL_EVENTS and not (event == "executing" and data.get("node") is None):
             return  # nobody listens: skip the encoding work

@@ -82,9 +82,9 @@ def test_the_pack_loop_runs_what_packs_schedule_and_app_exists_only_while_a_serv
     assert seen == ['{"type": "from_loop", "data": [1]}']
     with pytest.raises(AttributeError, match="'app'.*only in the server process once it has started"):
         server.app
-    assert not hasattr(server, "app") and not hasattr(server, "prompt_queue")
-    with pytest.raises(AttributeError, match="no attribute 'prompt_queue'"):
-        server.prompt_queue
+    assert not hasattr(server, "app") and not hasattr(server, "user_manager")
+    with pytest.raises(AttributeError, match="no attribute 'user_manager'"):
+        server.user_manager
     app, loop = object(), asyncio.new_event_loop()
     server.attach(app, loop)
     assert server.app is app and server.loop is loop
@@ -226,3 +226,35 @@ def test_latent_preview_callback_reports_progress_and_draws_previews(tmp_path):
     assert np.abs(np.asarray(image, dtype=int) - [255, 0, 0]).max() <= 2
     with pytest.raises(AttributeError, match="no attribute 'set_preview_method'"):
         latent_preview.set_preview_method
+
+
+def test_prompt_queue_reads_the_store_file_and_put_asks_the_server(tmp_path):
+    from execution.job_store import JobStore
+
+    events, seen = EventBus(), []
+    events.subscribe(lambda event, data: seen.append((event, data)))
+    headless = PackServer(events, queue_file=tmp_path / "none.sqlite3")
+    assert headless.prompt_queue.get_current_queue() == ([], [])
+    with pytest.raises(RuntimeError, match="no server queue in this run"):
+        headless.prompt_queue.put((1, "x", {}, {}, []))
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    try:
+        for number, prompt_id in ((1.0, "a"), (2.0, "b")):
+            store.add(prompt_id, {"1": {"class_type": "X", "inputs": {}}}, number=number, extra_data={"k": 1},
+                      outputs_to_execute=["1"])
+        store.claim_next()
+        queue = PackServer(events, queue_file=tmp_path / "jobs.sqlite3").prompt_queue
+        running, pending = queue.get_current_queue()
+        [(number, prompt_id, prompt, extra_data, outputs)] = running
+        assert (number, prompt_id, prompt, extra_data["k"], outputs) == (1, "a", {"1": {"class_type": "X", "inputs": {}}},
+                                                                         1, ["1"])
+        assert [item[1] for item in pending] == ["b"] and queue.get_tasks_remaining() == 2
+        assert list(queue.currently_running.values()) == running
+        with pytest.raises(TypeError, match="API prompt as a dict"):
+            queue.put((1, "c", "not a prompt"))
+        queue.put((-3, "not-a-uuid", {"1": {}}, {"client_id": "me"}, ["1"]))
+    finally:
+        store.close()
+    [(event, data)] = seen
+    assert event == "pack_requeue" and data["number"] == -3 and data["prompt"] == {"1": {}}
+    assert len(data["prompt_id"]) == 36 and data["extra_data"] == {"client_id": "me"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -429,7 +430,30 @@ PACKS["video_ring"] = {
                                "functions": [VAEEncode.FUNCTION, VAEDecode.FUNCTION, CLIPTextEncode.FUNCTION]},
                         "result": (images,)}
 
-        NODE_CLASS_MAPPINGS = {"FramesFolder": FramesFolder}
+        prompt_queue = PromptServer.instance.prompt_queue  # read once at import, as the video pack does
+
+        class Requeue:  # queues its own prompt once more with `round` bumped, as a batch manager re-queues
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"round": ("INT", {"default": 0})}, "hidden": {"unique_id": "UNIQUE_ID"}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, round, unique_id):
+                import server
+                [(number, prompt_id, prompt, extra_data, outputs)] = prompt_queue.currently_running.values()
+                running, pending = prompt_queue.get_current_queue()
+                if round < 1:
+                    prompt = dict(prompt)
+                    prompt[unique_id] = {**prompt[unique_id], "inputs": {"round": round + 1}}
+                    PromptServer.instance.number += 1
+                    prompt_queue.put((-PromptServer.instance.number, str(server.uuid.uuid4()), prompt, extra_data,
+                                      outputs))
+                return {"ui": {"running": [prompt_id], "queued": [len(running) + len(pending)],
+                               "round": [round], "outputs": [outputs]}}
+
+        NODE_CLASS_MAPPINGS = {"FramesFolder": FramesFolder, "Requeue": Requeue}
     """,
 }
 
@@ -644,3 +668,21 @@ def test_a_video_packs_next_ring_of_imports_is_there_and_works(wild):
     assert ran["functions"] == ["encode", "decode", "encode"]
     status, body = get_json(wild.url + "/video_ring/ping")
     assert status == 200 and body == {"pong": True}
+
+
+def test_a_node_reads_the_running_item_and_puts_its_prompt_back_on_the_queue(wild):
+    status, reply = post_json(wild.url + "/prompt", {"prompt": {"7": {"class_type": "Requeue", "inputs": {"round": 0}}}})
+    assert status == 200, reply
+    first = outputs(wait_terminal(wild.url, reply["prompt_id"], timeout=120), "7")
+    assert first["running"] == [reply["prompt_id"]] and first["round"] == [0] and first["outputs"] == [["7"]]
+    assert first["queued"][0] >= 1
+    deadline = time.monotonic() + 120
+    again = None
+    while again is None and time.monotonic() < deadline:  # the re-queued job: found by its bumped input
+        _, history = get_json(wild.url + "/history")
+        again = next((record for record in history.values()
+                      if record["prompt"][2].get("7", {}).get("inputs") == {"round": 1}
+                      and record["status"]["completed"]), None)
+        time.sleep(0.2)
+    assert again is not None, "the prompt a node put back on the queue did not run"
+    assert outputs(again, "7")["round"] == [1]
