@@ -138,6 +138,9 @@ def serve_actor_child(pipe: Any, recipe_pickle: bytes, threads: int | None, node
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != actor_pid:  # the actor died before the signal was asked for
         return
+    from execution import isolation
+
+    isolation.protect()  # as in a local worker: packs the runtime loads here may reorder sys.path too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (ray worker): %(message)s")
     try:
         recipe: RuntimeRecipe = pickle.loads(recipe_pickle)
