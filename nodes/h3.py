@@ -15,6 +15,7 @@ tagged as video for the transformer. Weft's small encoder reads the prompt's tex
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -208,7 +209,7 @@ def _reference_to_video(clip: Any, vae: Any, audio_vae: Any, prompt: str, width:
 
 def _first(audio: Any) -> Any:
     # A reference is one clip: the first of a batch.
-    if isinstance(audio, dict) and isinstance(audio.get("waveform"), torch.Tensor):
+    if isinstance(audio, Mapping) and isinstance(audio.get("waveform"), torch.Tensor):  # any AUDIO mapping
         return {**audio, "waveform": audio["waveform"][:1]}
     return audio
 

@@ -618,3 +618,41 @@ def test_image_workflow_gives_one_image_per_latent(h3):
     for item in images:
         path = h3.paths.folder(item["type"]) / item["subfolder"] / item["filename"]
         assert Image.open(path).size == (48, 32)
+
+
+def test_audio_given_as_any_mapping_is_encoded_and_a_reference_takes_its_first_clip():
+    from collections.abc import Mapping
+
+    from nodes import h3 as h3_nodes
+    from nodes.vae import encode_waveform
+
+    class LazyAudio(Mapping):  # what a video-loading pack hands on: a Mapping, not a dict
+        def __init__(self, waveform, rate):
+            self._values = {"waveform": waveform, "sample_rate": rate}
+
+        def __getitem__(self, key):
+            return self._values[key]
+
+        def __iter__(self):
+            return iter(self._values)
+
+        def __len__(self):
+            return len(self._values)
+
+    class RecordingVAE:
+        audio_sample_rate = 16000
+
+        def __init__(self):
+            self.model = self
+            self.seen = None
+
+        def encode(self, waveform):
+            self.seen = waveform
+            return torch.zeros(waveform.shape[0], 32, 2, 4)
+
+    audio = LazyAudio(torch.randn(2, 1, 800), 8000)
+    first = h3_nodes._first(audio)
+    assert first["waveform"].shape == (1, 1, 800) and first["sample_rate"] == 8000
+    vae = RecordingVAE()
+    assert encode_waveform("VAEEncodeAudio", vae, audio).shape == (2, 32, 2, 4)
+    assert vae.seen.shape == (2, 2, 1600)  # resampled to the VAE's rate and made stereo
