@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from execution.validation import ValidatedPrompt
 
 from execution.errors import PromptError
+from execution.types import AUDIO_HEALTH_KEY
 
 # The engine, the node packs and torch are imported where they are used, so `--help` (and a usage error)
 # answers at once: tests/test_main.py checks that printing help imports neither torch nor a node pack.
@@ -515,6 +516,19 @@ def validate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sound_warnings(outputs: dict, prompt: dict) -> list[str]:
+    """One line per checked sound that crossed a threshold (the `audio_health` entries of the outputs)."""
+    lines = []
+    for node_id, ui in outputs.items():
+        entries = ui.get(AUDIO_HEALTH_KEY) if isinstance(ui, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and entry.get("warnings"):
+                node_type = prompt.get(node_id, {}).get("class_type", "")
+                lines.append(f"node {node_id} ({node_type}) {entry.get('file', 'sound')}: "
+                             + "; ".join(map(str, entry["warnings"])))
+    return lines
+
+
 def server_parser() -> argparse.ArgumentParser:
     """`main.py`'s command line (the server)."""
     from web.flags import build_parser
@@ -562,6 +576,8 @@ def command_run(argv: list[str]) -> int:
                 print("(run again with --verbose for the full error and its traceback)", file=sys.stderr)
         for text in (t for ui in result.outputs.values() for t in ui.get("text", []) if isinstance(t, str)):
             print(f"text: {text[:500]}")
+        for line in sound_warnings(result.outputs, prompt):
+            print(f"warning: {line}", file=sys.stderr)
         for path in files:
             print(f"wrote {path}")
     return 0 if result.status == "success" else 1

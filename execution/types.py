@@ -26,6 +26,11 @@ class ExecutionBlocker:
         return f"ExecutionBlocker({self.message!r})"
 
 
+# The key of a node's UI output holding the sound check of each sound it wrote (nodes/audio_health.py), in the
+# order of its files. Figures about outputs, not outputs: the jobs interface does not count them as outputs.
+AUDIO_HEALTH_KEY = "audio_health"
+
+
 @dataclass
 class NodeOutput:
     """What a node's execute returns: output values, an optional UI dict, optional expansion."""

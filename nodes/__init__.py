@@ -10,6 +10,7 @@ BUILTIN_PACKS = (
     "nodes.image",
     "nodes.utility",
     "nodes.media",
+    "nodes.audio_health",
     "nodes.loops",
     "nodes.loaders",
     "nodes.latent",

@@ -1,7 +1,8 @@
 """Video and sound nodes: make, take apart, load, save and join VIDEO values; load, save and preview AUDIO.
 
 The values and their codecs live in `media.video` and `media.audio`; these nodes check their inputs,
-pick the folders and call them.
+pick the folders and call them. Every sound they write is checked (`nodes.audio_health`): its figures
+join the node's UI output under `audio_health`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from media.video import (
     AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, Video, VideoComponents, VideoConcat, VideoFile,
     VideoTrim, as_frame_rate, check_video,
 )
+from execution.types import AUDIO_HEALTH_KEY
+from nodes.audio_health import checked_clips, checked_video_sound
 from nodes.files import file_metadata, output_target, temp_prefix
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
@@ -57,8 +60,12 @@ def _save_video(video: Video, filename_prefix: str, format: str, codec: str,
                       progress=lambda done, total: ctx.progress(done, total))
     except ValueError as exc:
         raise ValueError(f"SaveVideo: {exc}") from None
-    return NodeOutput.of(video, ui={"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
-                                    "animated": (True,)})
+    written = {"filename": filename, "subfolder": subfolder, "type": "output"}
+    ui = {"images": [written], "animated": (True,)}
+    health = checked_video_sound("SaveVideo", video, written)
+    if health:
+        ui[AUDIO_HEALTH_KEY] = health
+    return NodeOutput.of(video, ui=ui)
 
 
 def _concatenate_video(videos: dict, codec: Any, complete_audio: Any = None) -> tuple[Video]:
@@ -103,25 +110,26 @@ def _load_audio(audio: Path) -> tuple[dict]:
     return (loaded,)
 
 
-def _write_flacs(node: str, audio: dict, prefix: str, kind: str, metadata: dict) -> list[dict[str, str]]:
+def _write_flacs(node: str, audio: dict, prefix: str, kind: str, metadata: dict) -> dict[str, list[dict]]:
+    """Each clip written as a FLAC file: the UI output listing the files and the sound check of each."""
     audio = check_audio(node, audio)
     written = []
     for clip in audio["waveform"]:
         path, filename, subfolder = output_target(kind, prefix, "flac")
         write_flac(path, clip, int(audio["sample_rate"]), metadata=metadata)
         written.append({"filename": filename, "subfolder": subfolder, "type": kind})
-    return written
+    return {"audio": written, AUDIO_HEALTH_KEY: checked_clips(node, audio, written)}
 
 
 def _save_audio(audio: dict, filename_prefix: str, prompt: Any = None,
                 extra_pnginfo: Any = None) -> NodeOutput:
-    written = _write_flacs("SaveAudio", audio, filename_prefix, "output", file_metadata(prompt, extra_pnginfo))
-    return NodeOutput.of(audio, ui={"audio": written})
+    ui = _write_flacs("SaveAudio", audio, filename_prefix, "output", file_metadata(prompt, extra_pnginfo))
+    return NodeOutput.of(audio, ui=ui)
 
 
 def _preview_audio(audio: dict, prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
-    written = _write_flacs("PreviewAudio", audio, temp_prefix(), "temp", file_metadata(prompt, extra_pnginfo))
-    return NodeOutput.of(audio, ui={"audio": written})
+    ui = _write_flacs("PreviewAudio", audio, temp_prefix(), "temp", file_metadata(prompt, extra_pnginfo))
+    return NodeOutput.of(audio, ui=ui)
 
 
 _HIDDEN_METADATA = [Input.hidden("prompt", "PROMPT"), Input.hidden("extra_pnginfo", "EXTRA_PNGINFO")]

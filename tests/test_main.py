@@ -227,3 +227,27 @@ def test_a_missing_input_picture_is_one_line_naming_the_file_the_folder_and_how_
     (picture,) = [line for line in lines if "transparent_rgb_gaming_mouse.png" in line]
     assert "(LoadImage), input 'image'" in picture and f"searched folder: {tmp_path.resolve() / 'input'}" in picture
     assert "upload it in the editor" in picture
+
+
+def test_run_prints_a_warning_line_for_a_faulty_sound(tmp_path):
+    import math
+
+    import torch
+
+    from media.audio import write_flac
+
+    (tmp_path / "input").mkdir()
+    t = torch.arange(8000) / 16000
+    left = 0.4 * torch.sin(2 * math.pi * 300 * t)
+    write_flac(tmp_path / "input" / "flipped.flac", torch.stack([left, -left]), 16000)
+    prompt = {"1": {"class_type": "LoadAudio", "inputs": {"audio": "flipped.flac"}},
+              "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "take"}}}
+    path = tmp_path / "sound.json"
+    path.write_text(json.dumps(prompt))
+    done = run_cli("run", path, "--base-directory", tmp_path)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert line.startswith("warning: node 2 (SaveAudio) take_00001_.flac: channels 1 and 2 correlate at -1.00")
+    report = run_cli("run", path, "--base-directory", tmp_path, "--json")
+    (entry,) = json.loads(report.stdout.strip().splitlines()[-1])["outputs"]["2"]["audio_health"]
+    assert entry["file"] == "take_00002_.flac" and not entry["healthy"]

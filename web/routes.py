@@ -19,6 +19,7 @@ from aiohttp import web
 from execution.errors import PromptError
 from execution.job_store import API_TO_STORE, Job, workflow_id_of
 from execution.paths import MODEL_FOLDERS, UnsafePathError
+from execution.types import AUDIO_HEALTH_KEY
 from web.files import refuses_os_errors
 from web.object_info import object_info
 from web.security import JsonTooDeep, check_json_depth, json_error, loads_bounded
@@ -232,7 +233,7 @@ def _output_items(outputs: dict) -> list[tuple[str, str, dict]]:
         if not isinstance(ui, dict):
             continue
         for key, value in ui.items():
-            if key == "animated" or not isinstance(value, list):
+            if key in ("animated", AUDIO_HEALTH_KEY) or not isinstance(value, list):
                 continue
             for item in value:
                 items.append((str(node_id), key, item))

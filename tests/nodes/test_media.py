@@ -262,10 +262,13 @@ def test_save_and_load_audio_flac_round_trip(ctx):
     out = run("SaveAudio", audio=audio, filename_prefix="audio/take", prompt={"1": {}},
               extra_pnginfo={"workflow": {"w": 2}})
     assert out.values[0] is audio
-    assert out.ui == {"audio": [
+    assert out.ui["audio"] == [
         {"filename": "take_00001_.flac", "subfolder": "audio", "type": "output"},
         {"filename": "take_00002_.flac", "subfolder": "audio", "type": "output"},
-    ]}
+    ]
+    # One sound check per file, in the files' order; the second clip is the first inverted, not a fault.
+    assert [entry["file"] for entry in out.ui["audio_health"]] == ["audio/take_00001_.flac", "audio/take_00002_.flac"]
+    assert all(entry["healthy"] for entry in out.ui["audio_health"])
     folder = ctx.paths.output / "audio"
     assert sorted(p.name for p in folder.iterdir()) == ["take_00001_.flac", "take_00002_.flac"]
     with av.open(str(folder / "take_00002_.flac")) as container:

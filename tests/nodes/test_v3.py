@@ -732,6 +732,9 @@ def test_ui_helpers_write_previews_and_saves_with_the_run_s_metadata(paths, ctx)
     with Image.open(ctx.paths.temp / mask_file["subfolder"] / mask_file["filename"]) as preview:
         assert np.asarray(preview).min() == 255  # a full mask shows white
     assert out.ui["audio"][0]["type"] == "temp" and out.ui["audio"][0]["filename"].endswith(".flac")
+    # The sound check runs on sound a pack writes too: this all-zero clip is silent.
+    (health,) = out.ui["audio_health"]
+    assert health["file"].endswith(out.ui["audio"][0]["filename"]) and health["silent"] and not health["healthy"]
 
 
 class Returns(io.ComfyNode):

@@ -3,7 +3,8 @@
 Previews are written to the running job's temp folder (saves to its output folder) with Weft's own
 PNG and FLAC writers and file naming, so they read back like the built-in Preview Image and Preview
 Audio nodes' files. A helper given the node class (`cls=cls`) stores the run's prompt and workflow in
-the file when the node asked for those hidden values.
+the file when the node asked for those hidden values. Every sound written gets the sound check of the
+built-in nodes (`nodes.audio_health`); its entries travel with the written files and join the UI output.
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 import torch
 
 from execution.paths import atomic_write_bytes
+from execution.types import AUDIO_HEALTH_KEY
 from media.audio import check_audio, write_flac
 from media.image import check_image, encode_png
+from nodes.audio_health import checked_sound
 from nodes.files import file_metadata, output_target, temp_prefix
 
 from ._io import FolderType, _UIOutput
@@ -22,10 +25,12 @@ PREVIEW_COMPRESS_LEVEL = 1  # a preview is thrown away: favour speed over size
 
 
 class SavedResult(dict):
-    """One written file as the editor finds it: {"filename", "subfolder", "type"}."""
+    """One written file as the editor finds it: {"filename", "subfolder", "type"}. A sound file also
+    carries its sound check (`health`, outside the dict, so the editor's entry keeps its three keys)."""
 
-    def __init__(self, filename: str, subfolder: str, type: FolderType | str) -> None:
+    def __init__(self, filename: str, subfolder: str, type: FolderType | str, *, health: dict | None = None) -> None:
         super().__init__(filename=filename, subfolder=subfolder, type=FolderType(type).value)
+        self.health = health
 
     @property
     def filename(self) -> str:
@@ -52,6 +57,13 @@ def _metadata(cls: Any) -> dict[str, Any]:
 
 def _label(cls: Any, helper: str) -> str:
     return getattr(cls, "__name__", None) or helper
+
+
+def _with_health(shown: dict, results: list) -> dict:
+    checks = [result.health for result in results if getattr(result, "health", None) is not None]
+    if checks:
+        shown[AUDIO_HEALTH_KEY] = checks
+    return shown
 
 
 class ImageSaveHelper:
@@ -97,7 +109,9 @@ class AudioSaveHelper:
         for clip in audio["waveform"]:
             path, filename, subfolder = output_target(kind, filename_prefix, "flac")
             write_flac(path, clip, int(audio["sample_rate"]), metadata=metadata)
-            written.append(SavedResult(filename, subfolder, kind))
+            health = checked_sound(_label(cls, "AudioSaveHelper"), clip, int(audio["sample_rate"]),
+                                   what=f"{subfolder}/{filename}" if subfolder else filename)
+            written.append(SavedResult(filename, subfolder, kind, health=health))
         return written
 
     @staticmethod
@@ -129,7 +143,7 @@ class SavedAudios(_UIOutput):
         self.results = list(results)
 
     def as_dict(self) -> dict:
-        return {"audio": self.results}
+        return _with_health({"audio": self.results}, self.results)
 
 
 class PreviewImage(_UIOutput):
@@ -159,7 +173,7 @@ class PreviewAudio(_UIOutput):
         self.values = AudioSaveHelper.save_audio(audio, temp_prefix(), FolderType.temp, cls)
 
     def as_dict(self) -> dict:
-        return {"audio": self.values}
+        return _with_health({"audio": self.values}, self.values)
 
 
 class PreviewVideo(_UIOutput):
