@@ -5,7 +5,7 @@ packs save sound with) calls `checked_sound` on each sound it writes. The figure
 (`media.audio_health`) go into the node's UI output under `AUDIO_HEALTH_KEY`, one entry per sound
 written, in the order of the files, so they reach the `executed` event, the job's record and its
 `/history` entry. A sound that crosses a threshold also gives one warning line: shown on the node in
-the editor (progress text), written to the server's log (INFO, relayed from the worker), and printed
+the editor (progress text, for jobs that draw previews, as the editor's do), written to the server's log (INFO, relayed from the worker), and printed
 by `main.py run` after the run (from the same entries).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from execution.types import AUDIO_HEALTH_KEY
 from media.audio import check_audio
 from media.audio_health import check_sound
 from media.video import Video, check_video
+from nodes.preview_settings import resolve_method
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,11 @@ def checked_sound(node: str, waveform: torch.Tensor, sample_rate_hz: int, *, wha
         ctx = current()
         # INFO: the server's log shows it; `main.py run` prints its own warning line after the run.
         logger.info("node %s (%s) %s: sound check: %s", ctx.display_node_id, node, what, "; ".join(health.warnings))
-        ctx.show(text="sound check: " + "; ".join(health.warnings))
+        # A progress text is a binary frame, which a client that never asked for previews does not expect
+        # (one API client takes such frames for its images): only jobs that draw previews, as the editor's
+        # do, get the line on the node.
+        if resolve_method(ctx.runtime, ctx.extra_data) != "none":
+            ctx.show(text="sound check: " + "; ".join(health.warnings))
     return {"file": what, **health.as_dict()}
 
 

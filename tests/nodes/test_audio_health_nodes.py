@@ -6,10 +6,13 @@ import math
 import pytest
 import torch
 
+from execution.context import RunContext, activate, deactivate
+from execution.paths import Paths
 from execution.types import AUDIO_HEALTH_KEY
 from main import sound_warnings
 from nodes.audio_health import NODES as HEALTH_NODES
 from nodes.media import NODES as MEDIA_NODES
+from tests.nodes.conftest import unfolded
 from web.object_info import node_info
 
 SPECS = {spec.node_id: spec for spec in [*MEDIA_NODES, *HEALTH_NODES]}
@@ -18,6 +21,29 @@ RATE = 32000
 
 def run(node_id, **kwargs):
     return SPECS[node_id].execute(**kwargs)
+
+
+@pytest.fixture
+def ctx(tmp_path, events):
+    """As tests/nodes/conftest.py's, for a job that draws previews (as the editor's do): warnings show on the node."""
+    context = RunContext(prompt_id="job", node_id="7", display_node_id="7", paths=Paths(tmp_path).ensure(),
+                         emit=lambda event, data: events.extend(unfolded(event, data)),
+                         extra_data={"preview_method": "latent2rgb"})
+    token = activate(context)
+    yield context
+    deactivate(token)
+
+
+def test_a_job_that_draws_no_previews_gets_the_entry_but_no_line_on_the_node(tmp_path):
+    seen = []
+    context = RunContext(prompt_id="job", node_id="7", display_node_id="7", paths=Paths(tmp_path).ensure(),
+                         emit=lambda event, data: seen.extend(unfolded(event, data)))
+    token = activate(context)
+    try:
+        out = run("PreviewAudio", audio=tone(0.5, offset=0.3))
+    finally:
+        deactivate(token)
+    assert not out.ui[AUDIO_HEALTH_KEY][0]["healthy"] and texts(seen) == []
 
 
 def tone(seconds, *, invert=False, offset=0.0, batch=1):

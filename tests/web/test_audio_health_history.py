@@ -21,7 +21,9 @@ async def _run_and_listen(url: str, prompt: dict) -> tuple[str, list[bytes]]:
     async with aiohttp.ClientSession() as session:
         async with session.ws_connect(url + "/ws?clientId=listener") as ws:
             await ws.receive_json(timeout=10)
-            async with session.post(url + "/prompt", json={"prompt": prompt, "client_id": "listener"}) as response:
+            # Asking for previews, as the editor does: only such jobs get the warning line as a progress text.
+            body = {"prompt": prompt, "client_id": "listener", "extra_data": {"preview_method": "latent2rgb"}}
+            async with session.post(url + "/prompt", json=body) as response:
                 assert response.status == 200, await response.text()
                 prompt_id = (await response.json())["prompt_id"]
             async with asyncio.timeout(120):
