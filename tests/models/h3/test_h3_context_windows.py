@@ -149,6 +149,7 @@ class _Spy:
 
     def __call__(self, video, audio, *args, **kwargs):
         self.calls.append({"video": video.shape[2], "audio": audio.shape[-1], "window": kwargs.get("target_window"),
+                           "text": args[0].shape[1],
                            "guides": [item.frame_index for item in kwargs["conditions"][0]],
                            "video_mask": kwargs.get("video_mask")})
         return self.model(video, audio, *args, **kwargs)
@@ -242,3 +243,21 @@ def test_freenoise_repeats_shuffled_noise_of_the_previous_window():
         earlier = {tuple(shuffled_v[0, :, k, 0, 0].tolist()) for k in range(target - 4, target - 2)}
         assert later == earlier
     assert not torch.equal(shuffled_a, audio) and torch.equal(shuffled_a[..., :8], audio[..., :8])
+
+
+def test_split_conds_to_windows_gives_each_window_the_entry_for_its_part_of_the_clip(model):
+    latent = empty_latent(32, 32, FRAMES)                              # 17 latent frames
+    first, last = (_entry([[torch.randn(1, n, TINY_CONFIG.text_dim), {}]], latent) for n in (3, 5))
+    for split, expected in ((True, [3, 3, 5, 5]), (False, [3, 3, 3, 3])):
+        spy = _Spy(ModelHandle(model))
+        settings = ContextWindowSettings(context_length=6, context_overlap=2, split_conds_to_windows=split)
+        cw.WindowedModel(spy, settings, [first, last])(0, latent["samples"], latent["audio_samples"], 1.0, 1.0,
+                                                        video_mask=None, audio_mask=None, condition_seed=0,
+                                                        device=torch.device("cpu"))
+        assert [call["text"] for call in spy.calls] == expected       # windows 0-5, 4-9, 8-13, 11-16
+    two = [[torch.randn(1, n, TINY_CONFIG.text_dim), {}] for n in (3, 5)]
+    out = sample(_windowed(ModelHandle(model), context_length=6, context_overlap=2, split_conds_to_windows=True),
+                 latent, two, sigmas(1), 0)
+    assert torch.isfinite(out["samples"]).all()
+    with pytest.raises(ValueError, match="one conditioning entry"):            # without the split: one entry only
+        sample(_windowed(ModelHandle(model), context_length=6, context_overlap=2), latent, two, sigmas(1), 0)
