@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from execution.convert import ui_to_api
 from execution.errors import PromptError
@@ -94,3 +95,33 @@ def test_the_node_returns_a_new_model_carrying_the_settings_and_the_shifts(regis
     assert settings.closed_loop and settings.freenoise and not settings.causal_window_fix
     assert settings.cond_retain == (0,) and settings.latent_retain == (1, 2)
     assert model.h3_shifts == (5.0, 2.0) and model.base is base.base and CONTEXT_WINDOWS not in base.options
+
+
+def test_ksampler_with_cfg_samples_a_windowed_model_and_each_window_keeps_the_negative_guides_it_covers(registry):
+    from models.h3 import empty_latent
+    from models.h3.transformer import TINY_CONFIG, H3Transformer
+    from models.patcher import ModelHandle
+
+    torch.manual_seed(0)
+    transformer = H3Transformer(TINY_CONFIG).eval()
+    latent = empty_latent(32, 32, 56)                                   # 17 latent frames
+    guide = {"frame_index": 50, "latent": torch.randn(1, 24, 1, 2, 2), "audio_latent": None}
+    positive = [[torch.randn(1, 4, TINY_CONFIG.text_dim), {}]]
+    negative = [[torch.randn(1, 3, TINY_CONFIG.text_dim), {"keyframes": [guide]}]]
+    seen = []
+    forward = transformer.forward
+
+    def recording(video, audio, *args, conditions=None, **kwargs):
+        seen.append((video.shape[2], args[0].shape[1], [item.frame_index for item in conditions[0]]))
+        return forward(video, audio, *args, conditions=conditions, **kwargs)
+
+    transformer.forward = recording
+    (windowed,) = registry.get("ContextWindowsManual").execute(ModelHandle(transformer), 6, 2, "standard_static", 1,
+                                                                False, "pyramid", 2, False, "", False, "", True)
+    (out,) = registry.get("KSampler").execute(windowed, 1, 1, 2.0, "euler", "simple", positive, negative, latent, 1.0)
+    assert out["samples"].shape == latent["samples"].shape and torch.isfinite(out["samples"]).all()
+    positive_calls = [call for call in seen if call[1] == 4]
+    negative_calls = [call for call in seen if call[1] == 3]
+    assert len(positive_calls) == len(negative_calls) == 4 and all(call[0] <= 7 for call in seen)
+    assert [bool(call[2]) for call in negative_calls] == [False, False, False, True]  # only the last window covers 50
+    assert not any(call[2] for call in positive_calls)
