@@ -157,7 +157,7 @@ def _unwrap(windows: list[list[int]], frames: int, context_length: int) -> list[
 def plan_windows(settings: ContextWindowSettings, frames: int, step: int = 0) -> list[list[int]]:
     """The windows (lists of latent frame indices) for a clip of `frames` latent frames at sampling step `step`."""
     s = settings
-    if frames <= s.context_length or (s.schedule is ContextSchedule.UNIFORM_LOOPED and frames < s.context_length):
+    if frames <= s.context_length:
         return [list(range(frames))]
     if s.schedule is ContextSchedule.BATCHED:
         return [list(range(start, min(start + s.context_length, frames)))
@@ -395,10 +395,11 @@ class WindowedModel:
             weight_v.index_add_(0, frames, w_v)
             sum_a.index_add_(audio.dim() - 1, heard, a * w_a)
             weight_a.index_add_(0, heard, w_a)
-        if bool((weight_v <= 0).any()) or bool((weight_a <= 0).any()):
-            missing = (weight_v <= 0).nonzero().flatten().tolist()
-            raise ValueError(f"the context windows leave video latent frames {missing[:8]} uncovered; "
-                             "use a larger context_length or another context_schedule")
+        for stream, weights in (("video", weight_v), ("audio", weight_a)):
+            missing = (weights <= 0).nonzero().flatten().tolist()
+            if missing:
+                raise ValueError(f"the context windows leave {stream} latent frames {missing[:8]} uncovered; "
+                                 "use a larger context_length or another context_schedule")
         return sum_v / weight_v.view(1, 1, -1, 1, 1), sum_a / weight_a
 
 
