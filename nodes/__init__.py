@@ -20,6 +20,7 @@ BUILTIN_PACKS = (
     "nodes.h3",
     "nodes.h3_control",
     "nodes.attention",
+    "nodes.context_windows",
     "nodes.devices",
 )
 

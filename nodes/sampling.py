@@ -74,17 +74,23 @@ class _GuidedModel:
         self.frames = frames
 
     def __call__(self, video, audio, context, sigma_video, sigma_audio, *, context_mask=None, conditions=None,
-                 video_mask=None, audio_mask=None, condition_seed=0, context_tags=None):
+                 video_mask=None, audio_mask=None, condition_seed=0, context_tags=None, target_window=None,
+                 clip_size=None):
         from models.h3 import packing
+        from models.h3.context_windows import settings_of as context_windows_settings, window_conditions
         from models.h3.sampling import split_conditioning
 
-        common = dict(video_mask=video_mask, audio_mask=audio_mask, condition_seed=condition_seed)
+        common = dict(video_mask=video_mask, audio_mask=audio_mask, condition_seed=condition_seed,
+                      target_window=target_window, clip_size=clip_size)
         v_pos, a_pos = self.handle(video, audio, context, sigma_video, sigma_audio, context_mask=context_mask,
                                    conditions=conditions, context_tags=context_tags, **common)
         hidden, extras = split_conditioning(self.negative)
         b, _, _, lh, lw = video.shape
         items = [packing.condition_items(extras, i, target_frames=self.frames, latent_h=lh + lh % 2,
                                          latent_w=lw + lw % 2, audio_t=audio.shape[-1]) for i in range(b)]
+        if target_window is not None:  # a context window keeps the guides it covers, as for the positive prompt
+            retain = getattr(context_windows_settings(self.handle), "cond_retain", ())
+            items = [window_conditions(batch_items, target_window.video, retain) for batch_items in items]
         mask = extras.get("attention_mask")
         v_neg, a_neg = self.handle(video, audio, hidden.to(video.device), sigma_video, sigma_audio,
                                    context_mask=mask.to(video.device) if mask is not None else None,

@@ -312,4 +312,7 @@ class FunControlHook:
         layers = self.net.config.injection_layers
         if layers[-1] >= context.num_layers:
             raise ValueError(f"the patch injects at layers {list(layers)}, but the model has {context.num_layers}")
-        return _ControlRun(self, context, hint_rows(self.hint(context.latent_size), self.net.config.input_width))
+        hint = self.hint(context.latent_size)  # the whole clip's hint; a context window takes its own frames
+        if context.window is not None:
+            hint = hint[:, list(context.window.video)]
+        return _ControlRun(self, context, hint_rows(hint, self.net.config.input_width))

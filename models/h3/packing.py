@@ -145,21 +145,42 @@ def video_times(latent_t: int, origin: float) -> torch.Tensor:
     return origin + FRAME_UNITS * frames_before
 
 
+def frame_clock_span(latent_index: int) -> tuple[float, float]:
+    """Clock units [start, stop) that latent frame `latent_index` covers (1 pixel frame for a clip's first
+    latent, else 4), counted from the clip's start."""
+    start = _first_pixel_frame(latent_index)
+    return FRAME_UNITS * start, FRAME_UNITS * (start + (1 if latent_index % CLIP_LATENTS == 0 else 4))
+
+
 def video_span(latent_t: int) -> float:
     """Clock units covered by `latent_t` latent frames."""
     return FRAME_UNITS * _first_pixel_frame(latent_t)
 
 
-def video_positions(latent_t: int, latent_h: int, latent_w: int, origin: float) -> torch.Tensor:
-    """(latent_t * patches per frame, 3) float64 positions (t, h, w) of video patch rows."""
+def video_positions(latent_t: int, latent_h: int, latent_w: int, origin: float,
+                    frames: tuple[int, ...] | None = None) -> torch.Tensor:
+    """(latent_t * patches per frame, 3) float64 positions (t, h, w) of video patch rows.
+
+    frames: which latent frames of a longer clip the rows hold (a context window), each keeping its time
+    in that clip; None: frames 0 .. latent_t - 1.
+    """
     hw = frame_coordinates(latent_h, latent_w).hw
-    times = video_times(latent_t, origin).repeat_interleave(hw.shape[0])
+    if frames is None:
+        times = video_times(latent_t, origin)
+    else:
+        times = origin + FRAME_UNITS * torch.tensor([_first_pixel_frame(k) for k in frames], dtype=torch.float64)
+    times = times.repeat_interleave(hw.shape[0])
     return torch.cat([times[:, None], hw.repeat(latent_t, 1)], dim=1)
 
 
-def audio_positions(audio_t: int, origin: float, lanes: tuple[float, float]) -> torch.Tensor:
-    """(2 * audio_t, 3) float64 positions (t, h, w) of lane-major stereo audio rows."""
-    times = (origin + torch.arange(audio_t, dtype=torch.float64)).expand(2, audio_t)
+def audio_positions(audio_t: int, origin: float, lanes: tuple[float, float],
+                    frames: tuple[int, ...] | None = None) -> torch.Tensor:
+    """(2 * audio_t, 3) float64 positions (t, h, w) of lane-major stereo audio rows.
+
+    frames: which audio latent frames of a longer clip the rows hold (each at its own time); None: 0 .. audio_t - 1.
+    """
+    steps = torch.arange(audio_t, dtype=torch.float64) if frames is None else torch.tensor(frames, dtype=torch.float64)
+    times = (origin + steps).expand(2, audio_t)
     lane_w = torch.tensor(lanes, dtype=torch.float64)[:, None].expand(2, audio_t)
     return torch.stack([times, torch.zeros_like(times), lane_w], dim=-1).reshape(-1, 3)
 
@@ -267,6 +288,17 @@ def condition_items(extras: dict, batch_index: int, *, target_frames: int, laten
     return items
 
 
+@dataclass(frozen=True)
+class TargetWindow:
+    """The frames of a longer clip that a forward's target rows hold (one context window).
+
+    Each row keeps the rotary time it has in the whole clip, so a window's picture and sound stay aligned
+    with each other and with the guides pinned to the clip's frames.
+    """
+    video: tuple[int, ...]     # latent frame index in the clip of each target video frame, in row order
+    audio: tuple[int, ...]     # audio latent frame index in the clip of each target audio frame, in row order
+
+
 # Layout ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -317,12 +349,18 @@ class _LayoutBuilder:
 
 
 def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, audio_t: int,
-                 items: list[ConditionItem] | None = None, text_tags: torch.Tensor | None = None) -> PackedLayout:
+                 items: list[ConditionItem] | None = None, text_tags: torch.Tensor | None = None,
+                 window: TargetWindow | None = None) -> PackedLayout:
     """The packed layout for a target of (latent_t, latent_h, latent_w) video and audio_t audio frames.
 
     text_tags: the modality tag of each text row (TAG_TEXT or TAG_VIDEO); None tags every text row as text.
+    window: the clip frames the targets are (a context window; their rows keep the clip's times); None:
+    the targets are the whole clip.
     """
     items = items or []
+    if window is not None and (len(window.video) != latent_t or len(window.audio) != audio_t):
+        raise ValueError(f"the context window names {len(window.video)} video and {len(window.audio)} audio frames "
+                         f"for a target of {latent_t} video and {audio_t} audio frames")
     if text_tags is not None:
         text_tags = torch.as_tensor(text_tags).reshape(-1).long().cpu()
         if text_tags.numel() != text_len:
@@ -355,8 +393,10 @@ def build_layout(text_len: int, latent_t: int, latent_h: int, latent_w: int, aud
             rows.add(SegmentRole.REF_VIDEO, video_positions(*item.video.shape[1:], clock), i)
         clock += _reference_span(item)
 
-    rows.add(SegmentRole.AUDIO, audio_positions(audio_t, origin, target_lanes))
-    rows.add(SegmentRole.VIDEO, video_positions(latent_t, latent_h, latent_w, origin))
+    rows.add(SegmentRole.AUDIO, audio_positions(audio_t, origin, target_lanes,
+                                                None if window is None else window.audio))
+    rows.add(SegmentRole.VIDEO, video_positions(latent_t, latent_h, latent_w, origin,
+                                                None if window is None else window.video))
     return rows.layout(origin, text_tags)
 
 
@@ -488,8 +528,8 @@ def expand_audio_mask(frame_mask: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "SegmentRole", "ConditionRole", "ReferenceKind", "TAG_VIDEO", "TAG_TEXT", "TAG_AUDIO", "FRAME_UNITS", "VIDEO_CONDITION_T", "AUDIO_CONDITION_T",
     "patchify_video", "unpatchify_video", "pack_audio", "unpack_audio", "FrameCoordinates", "frame_coordinates",
-    "video_positions", "text_positions",
-    "audio_positions", "ConditionItem", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",
+    "video_positions", "text_positions", "frame_clock_span",
+    "audio_positions", "ConditionItem", "TargetWindow", "condition_items", "Segment", "PackedLayout", "build_layout", "row_timesteps",
     "clamp_mask", "pad_to_patches", "reduce_video_mask", "reduce_audio_mask", "expand_video_mask", "expand_audio_mask",
     "latent_frames",
 ]

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from models.h3 import packing
+from models.h3 import context_windows, packing
 from models.h3.layers import compute_device
 
 SAMPLERS = ("euler", "res_multistep")
@@ -178,14 +178,24 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
         return out
     sig_a = convert_sigma(sig_v, video_shift, audio_shift)
 
-    hidden, extras = split_conditioning(conditioning)
+    windows = context_windows.settings_of(model)
+    # Several conditioning entries are taken only by context windows that split them over the clip.
+    several = (windows is not None and windows.split_conds_to_windows and isinstance(conditioning, (list, tuple))
+               and len(conditioning) > 1)
+    entries = [[entry] for entry in conditioning] if several else [conditioning]
     b, _, lt, lh, lw = clean_v.shape
     at = clean_a.shape[-1]
     frames = int(latent.get("length") or 0) or packing.pixel_frames(lt)
-    items = [packing.condition_items(extras, i, target_frames=frames, latent_h=lh + lh % 2, latent_w=lw + lw % 2,
-                                     audio_t=at) for i in range(b)]
-    context_mask = extras.get("attention_mask")
-    context_tags = extras.get(packing.TOKEN_TAGS_KEY)
+    prepared = []
+    for entry in entries:
+        hidden, extras = split_conditioning(entry)
+        items = [packing.condition_items(extras, i, target_frames=frames, latent_h=lh + lh % 2, latent_w=lw + lw % 2,
+                                         audio_t=at) for i in range(b)]
+        prepared.append(context_windows.Conditioning(hidden, extras.get("attention_mask"),
+                                                     extras.get(packing.TOKEN_TAGS_KEY), items))
+    hidden, context_mask, context_tags, items = (prepared[0].hidden, prepared[0].context_mask,
+                                                 prepared[0].context_tags, prepared[0].items)
+    windowed = None if windows is None else context_windows.WindowedModel(model, windows, prepared)
 
     # Noise masks at row resolution (patch grid / audio frame), then back at latent resolution.
     vm_rows = am_rows = None
@@ -204,6 +214,8 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     x_v, x_a = clean_v.clone(), clean_a.clone()
     if add_noise:
         noise_v, noise_a = make_noise(latent, noise_seed)
+        if windows is not None and windows.freenoise:
+            noise_v, noise_a = context_windows.freenoise(noise_v, noise_a, windows, noise_seed)
         s0v, s0a = stream_sigma(sig_v[0], vm), stream_sigma(sig_a[0], am)
         x_v = ((1.0 - s0v) * clean_v + s0v * noise_v).float()
         x_a = ((1.0 - s0a) * clean_a + s0a * noise_a).float()
@@ -213,10 +225,14 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     for i in range(total):
         sv, sa = float(sig_v[i]), float(sig_a[i])
         with torch.no_grad():
-            v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
-                             context_mask=context_mask.to(device) if context_mask is not None else None,
-                             conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
-                             **({} if context_tags is None else {"context_tags": context_tags}))
+            if windowed is not None:
+                v_v, v_a = windowed(i, x_v, x_a, sv, sa, video_mask=vm_rows, audio_mask=am_rows,
+                                    condition_seed=noise_seed, device=device)
+            else:
+                v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
+                                 context_mask=context_mask.to(device) if context_mask is not None else None,
+                                 conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
+                                 **({} if context_tags is None else {"context_tags": context_tags}))
         v_v, v_a = v_v.float().cpu(), v_a.float().cpu()
         # Row sigmas: m * sigma where a noise mask is set. Stepping a row from m*sigma to m*sigma_next with its
         # own velocity is the same as stepping the global sigma with the velocity multiplied by m.

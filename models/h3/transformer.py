@@ -316,9 +316,10 @@ class BlockContext:
     rows: RowModulation                          # each row's modulation row
     rope: tuple[torch.Tensor, torch.Tensor]      # rotary cos, sin per row
     sigma_video: float                           # the video stream's noise level this step
-    latent_size: tuple[int, int, int]            # (T', H, W) of the target video latent, before padding
+    latent_size: tuple[int, int, int]            # (T', H, W) of the whole clip's video latent, before padding
     num_layers: int                              # blocks of the model
     split: parallel.SequenceSplit | None = None  # sequence parallel: the block tensors hold this rank's rows only
+    window: packing.TargetWindow | None = None   # a context window: which clip frames the target rows hold
 
     def rows_here(self, start: int, stop: int) -> tuple[slice, slice] | None:
         """Where sequence rows [start, stop) sit in the block tensors and within the run, or None if not held here."""
@@ -394,7 +395,9 @@ class H3Transformer(nn.Module):
                 sigma_video: float, sigma_audio: float, *, context_mask: torch.Tensor | None = None,
                 conditions: list[list[packing.ConditionItem]] | None = None,
                 video_mask: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None,
-                condition_seed: int = 0, context_tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                condition_seed: int = 0, context_tags: torch.Tensor | None = None,
+                target_window: packing.TargetWindow | None = None,
+                clip_size: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocities toward data for the targets.
 
         video (B, 24, T, H, W), audio (B, 32, 2, Ta), context (B, L, text_dim) with optional boolean
@@ -402,8 +405,10 @@ class H3Transformer(nn.Module):
         element, the condition items (models/h3/packing.py); video_mask (B, T, ceil(H/2), ceil(W/2)) and
         audio_mask (B, Ta): per-row noise masks in [0, 1] (1 = generate); context_tags (B, L): the modality
         tag of each text token (packing.TAG_TEXT, or TAG_VIDEO for a picture's tokens; default all text). The running MODEL
-        handle's options may add block hooks (`models.patcher.BLOCK_HOOKS`, see BlockHook). Returns float32
-        (B, 24, T, H, W) and (B, 32, 2, Ta).
+        handle's options may add block hooks (`models.patcher.BLOCK_HOOKS`, see BlockHook). target_window: the
+        targets are these frames of a longer clip of latent size clip_size (T', H, W) (a context window,
+        models/h3/context_windows.py); their rows keep the clip's times. Returns float32 (B, 24, T, H, W) and
+        (B, 32, 2, Ta).
         """
         cfg = self.config
         b, c, t, h, w = video.shape
@@ -429,7 +434,8 @@ class H3Transformer(nn.Module):
                 video[i], audio[i], text, float(sigma_video), float(sigma_audio),
                 conditions[i] if conditions else [],
                 video_mask[i] if video_mask is not None else None,
-                audio_mask[i] if audio_mask is not None else None, condition_seed, tags, (t, h, w))
+                audio_mask[i] if audio_mask is not None else None, condition_seed, tags, clip_size or (t, h, w),
+                target_window)
             v_out.append(v[:, :, :h, :w])
             a_out.append(a)
         return torch.stack(v_out), torch.stack(a_out)
@@ -438,12 +444,13 @@ class H3Transformer(nn.Module):
                      sigma_a: float, items: list[packing.ConditionItem], video_mask: torch.Tensor | None,
                      audio_mask: torch.Tensor | None, seed: int,
                      text_tags: torch.Tensor | None = None,
-                     latent_size: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     latent_size: tuple[int, int, int] | None = None,
+                     window: packing.TargetWindow | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         device, dtype = video.device, self.compute_dtype
         _, lt, lh, lw = video.shape
         at = audio.shape[-1]
-        layout = packing.build_layout(text.shape[0], lt, lh, lw, at, items, text_tags)
+        layout = packing.build_layout(text.shape[0], lt, lh, lw, at, items, text_tags, window)
         seq = layout.seq_len
 
         t_rows, tags = packing.row_timesteps(layout, sigma_v, sigma_a, video_mask, audio_mask)
@@ -479,7 +486,7 @@ class H3Transformer(nn.Module):
         sparse = sparse_attention.sparse_call(active_options().get("sparse_attention"), layout, sigma_v,
                                               (lt, lh, lw), has_gate=cfg.gate_compress, device=device)
         context = BlockContext(layout, t_emb, mod, rope, sigma_v, latent_size or (lt, lh, lw), len(self.blocks),
-                               split)
+                               split, window)
         runs = [run for hook in active_options().get(BLOCK_HOOKS, ()) if (run := hook.begin(context)) is not None]
         with parallel.sequence_split(split):
             for index, block in enumerate(self.blocks):

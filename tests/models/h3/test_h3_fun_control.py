@@ -139,3 +139,21 @@ def test_outside_its_range_the_patch_changes_nothing(net, dit, case):
 
 def test_hint_frames_follow_the_latent_length():
     assert [hint_frame_count(t) for t in (2, 7, 12)] == [5, 22, 39]
+
+
+def test_a_context_window_takes_its_own_frames_of_the_whole_clips_hint(net, dit, monkeypatch):
+    import models.h3.fun_control as fun_control
+    from models.h3.packing import TargetWindow
+
+    cut = []
+    whole_rows = fun_control.hint_rows
+    monkeypatch.setattr(fun_control, "hint_rows", lambda hint, width: cut.append(hint) or whole_rows(hint, width))
+    hook = _hook(net)
+    clip = (12, 4, 6)                                          # the whole clip's latent size (T', H, W)
+    window = TargetWindow(video=(5, 6, 7), audio=tuple(range(30, 38)))
+    gen = torch.Generator().manual_seed(0)
+    video, audio = torch.randn(1, 24, 3, 4, 6, generator=gen), torch.randn(1, 32, 2, 8, generator=gen)
+    handle = ModelHandle(dit, options={BLOCK_HOOKS: (hook,)})
+    with torch.no_grad():
+        handle(video, audio, torch.randn(1, 5, 48, generator=gen), 0.7, 0.7, target_window=window, clip_size=clip)
+    assert torch.equal(cut[0], hook.hint(clip)[:, [5, 6, 7]])
