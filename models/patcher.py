@@ -109,6 +109,11 @@ class AppliedAdapter:
     strength: float
     patches: tuple[WeightPatch, ...]
 
+    @property
+    def projected(self) -> tuple[str, ...]:
+        """Keys of the entries that were moved onto a narrower input to apply (a full-model AdaLN on a pruned DiT)."""
+        return tuple(dict.fromkeys(patch.key for patch in self.patches if patch.projected))
+
 
 class ModelHandle:
     """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`).

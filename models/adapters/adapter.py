@@ -6,6 +6,29 @@ module, builds the LoRA / LoKr / LoHa / full-delta factors of each entry and che
 delta's shape against the weight it will be added to. Everything that cannot be applied exactly is
 refused with a ValueError naming the file, the entry, the module and the shapes; a file whose
 entries mostly name modules the model does not have is refused as a whole.
+
+Full-model AdaLN entries on a pruned H3 DiT. The pruned (curve-form) DiT has no time embedder: each
+AdaLN projection reads c(t), a row of `adaln_t_table` (8 wide, linear between 1025 rows), instead of
+the full model's e(t) = silu(time_embedder(t)) (2688 wide). The pruning wrote e(t) ~ m + c(t) @ B with a
+basis B (8, 2688) and a mean m (2688,), and folded them into each projection: W' = W @ B.T, b' = b + W @ m
+(models/h3/transformer.py, `adapter_input_affines`). A delta dW (out, 2688) trained on the full
+projection therefore acts on the pruned one as
+
+    dW @ e(t) ~ dW @ (m + B.T @ c(t)) = (dW @ B.T) @ c(t) + dW @ m,
+
+a weight delta dW @ B.T (out, 8) and a bias delta dW @ m (out,), both at the adapter's strength and
+alpha / rank. For a LoRA (dW = s * up @ down) that is up @ (down @ B.T) and s * up @ (down @ m), so the
+rank is kept; LoKr, LoHa and full diffs are rebuilt, then projected (base.py: ProjectedDelta,
+ProjectedOffset). Entries whose input is already 8 wide (made for the pruned model) apply unchanged.
+Exactness: the projected entry adds exactly dW applied to the pruned model's own stand-in for e(t), so
+the pruned model with it equals the full model with the adapter wherever the pruned base equals the full
+base (t on a table row and e(t) inside the basis' span; the tests build such a pair). Elsewhere the
+difference is dW times the pruning's residual e(t) - m - B.T c(t): the same approximation the pruned base
+already makes, carried into the adapter's change. Not projected, and refused by name: DoRA entries (their
+norm is taken over the 2688-wide weight), entries on the time embedder (the pruned model has none), and
+every wide entry when B and m are not found (the released int8 files lack them; loading.py says where it
+looks). SGLang does the same (sgl-project/sglang PR 36075, after the pruned reference model's own
+projection); the formula here is derived from Weft's model.
 """
 from __future__ import annotations
 
@@ -15,7 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from models.adapters.base import DeltaSource, FullDelta, WeightPatch, dora_axis, fits
+from models.adapters.base import (DeltaSource, FullDelta, InputAffine, NoInputAffine, ProjectedDelta, ProjectedOffset,
+                                  WeightPatch, dora_axis, fits)
 from models.adapters.keys import MODEL, ModuleIndex, Target, detect_format, key_path, split_role
 from models.adapters.loha import LohaDelta
 from models.adapters.lokr import LokrDelta
@@ -92,10 +116,21 @@ class Adapter:
         patches: list[WeightPatch] = []
         problems: list[str] = []
         unfit_entries = 0
+        affines = input_affines(model)
         for entry, target in resolved:
             module = index.modules[target.module_name]
             found = len(problems)
-            for param_name, source in (("weight", entry.weight), ("bias", entry.bias)):
+            sources = [("weight", entry.weight), ("bias", entry.bias)]
+            affine = affines.get(target.module_name)
+            if affine is not None and _wide_input(entry.weight, affine):
+                projected, problem = self._projected(entry, target, module, affine)
+                if problem:
+                    problems.append(problem)
+                    unfit_entries += 1
+                    continue
+                patches.extend(projected)
+                sources = [("bias", entry.bias)]
+            for param_name, source in sources:
                 if source is None:
                     continue
                 patch, problem = self._patch(entry, target, module, param_name, source)
@@ -112,6 +147,33 @@ class Adapter:
             raise ValueError(f"adapter {self.source}: {verdict}; nothing was applied:\n  "
                              + "\n  ".join(problems[:_MAX_LISTED]) + more)
         return patches
+
+    def _projected(self, entry: AdapterEntry, target: Target, module: nn.Module,
+                   affine: InputAffine | NoInputAffine) -> tuple[list[WeightPatch], str | None]:
+        """The weight and bias patches of a wide-input entry moved onto `module`'s narrow input, or why not."""
+        where = f"module {target.module_name!r}"
+        wide = entry.weight.delta_shape()[1]
+        if isinstance(affine, NoInputAffine):
+            return [], (f"entry {entry.key!r} was trained for a {wide}-wide input, but {where} reads "
+                        f"{affine.narrow} values (a pruned model): {affine.reason}")
+        if entry.dora_scale is not None:
+            return [], (f"entry {entry.key!r} is DoRA, whose magnitude normalises the {wide}-wide weight; it cannot "
+                        f"be moved onto the {affine.narrow}-wide input of {where}")
+        if target.part is not None or target.swap_halves:
+            return [], f"entry {entry.key!r} names a row block of {where}, which a projected entry cannot"
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if not isinstance(bias, torch.Tensor):
+            return [], (f"entry {entry.key!r}: moving it onto the {affine.narrow}-wide input of {where} adds a "
+                        "constant, and that module has no bias to hold it")
+        out = tuple(module.dense_weight_shape)[0] if getattr(module, "holds_quantized_weights", False) \
+            else int(weight.shape[0])
+        if entry.weight.delta_shape()[0] != out:
+            return [], (f"entry {entry.key!r} ({entry.weight.kind}) does not fit {where}: expected {out} output rows, "
+                        f"found {entry.weight.delta_shape()[0]}")
+        return [WeightPatch(source=ProjectedDelta(entry.weight, affine), module_name=target.module_name,
+                            param_name="weight", key=entry.key, projected=True),
+                WeightPatch(source=ProjectedOffset(entry.weight, affine), module_name=target.module_name,
+                            param_name="bias", key=entry.key, projected=True)], None
 
     def _patch(self, entry: AdapterEntry, target: Target, module: nn.Module, param_name: str,
                source: DeltaSource) -> tuple[WeightPatch | None, str | None]:
@@ -154,6 +216,22 @@ class Adapter:
                             rows=rows, swap_halves=swap,
                             dora_scale=entry.dora_scale if axis else None, dora_axis=axis)
         return patch, None
+
+
+def input_affines(model: nn.Module) -> dict[str, InputAffine | NoInputAffine]:
+    """The layers of `model` whose input stands for a wider one (a pruned H3 DiT's AdaLN), by module name."""
+    found = getattr(model, "adapter_input_affines", None)
+    return found() if callable(found) else {}
+
+
+def _wide_input(weight: DeltaSource | None, affine: InputAffine | NoInputAffine) -> bool:
+    """True when `weight` is a linear delta for the wider input `affine` stands for (not the layer's own)."""
+    if weight is None:
+        return False
+    shape = weight.delta_shape()
+    if len(shape) != 2 or shape[1] == affine.narrow:
+        return False
+    return affine.wide is None or shape[1] == affine.wide
 
 
 def _build_entry(base: str, roles: dict[str, torch.Tensor], source: str) -> AdapterEntry:
