@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from models.adapters.base import (DeltaSource, FullDelta, InputAffine, NoInputAffine, ProjectedDelta, ProjectedOffset,
-                                  WeightPatch, dora_axis, fits)
+from models.adapters.base import (DeltaSource, FullDelta, HeadBank, InputAffine, NoInputAffine, ProjectedDelta,
+                                  ProjectedOffset, Replacement, WeightPatch, dora_axis, fits)
 from models.adapters.keys import MODEL, ModuleIndex, Target, detect_format, key_path, split_role
 from models.adapters.loha import LohaDelta
 from models.adapters.lokr import LokrDelta
@@ -117,9 +117,18 @@ class Adapter:
         problems: list[str] = []
         unfit_entries = 0
         affines = input_affines(model)
+        bank_layers = head_bank_layers(model)
         for entry, target in resolved:
             module = index.modules[target.module_name]
             found = len(problems)
+            if target.module_name in bank_layers and _is_bank(entry, module):
+                banks, problem = self._bank(entry, target, module)
+                if problem:
+                    problems.append(problem)
+                    unfit_entries += 1
+                else:
+                    patches.extend(banks)
+                continue
             sources = [("weight", entry.weight), ("bias", entry.bias)]
             affine = affines.get(target.module_name)
             if affine is not None and _wide_input(entry.weight, affine):
@@ -147,6 +156,31 @@ class Adapter:
             raise ValueError(f"adapter {self.source}: {verdict}; nothing was applied:\n  "
                              + "\n  ".join(problems[:_MAX_LISTED]) + more)
         return patches
+
+    def _bank(self, entry: AdapterEntry, target: Target, module: nn.Module) -> tuple[list[WeightPatch], str | None]:
+        """The head-bank patches of a `set_weight` holding several heads for an output layer, or why not."""
+        out, width = (int(d) for d in module.weight.shape)
+        rows, cols = entry.weight.delta_shape()
+        heads = rows // out
+        where = f"module {target.module_name!r}"
+        if cols != width:
+            return [], (f"entry {entry.key!r}: a bank of {heads} heads for {where} must read {width} values per row, "
+                        f"found {cols}")
+        declared = self.metadata.get("pdd_num_steps")
+        if declared is not None and declared.strip().isdigit() and int(declared) != heads:
+            return [], (f"entry {entry.key!r} holds {heads} heads for {where}, but the file's pdd_num_steps says "
+                        f"{declared}")
+        patches = [WeightPatch(source=HeadBank(entry.weight.value, heads), module_name=target.module_name,
+                               param_name="weight", key=entry.key)]
+        if entry.bias is not None:
+            if not isinstance(entry.bias, Replacement) or entry.bias.delta_shape() != (heads * out,):
+                return [], (f"entry {entry.key!r}: the bank's bias must be a set_bias of {heads * out} values, "
+                            f"found {entry.bias.kind} {entry.bias.delta_shape()}")
+            if getattr(module, "bias", None) is None:
+                return [], f"entry {entry.key!r} sets a bias bank on {where}, which has no bias"
+            patches.append(WeightPatch(source=HeadBank(entry.bias.value, heads), module_name=target.module_name,
+                                       param_name="bias", key=entry.key))
+        return patches, None
 
     def _projected(self, entry: AdapterEntry, target: Target, module: nn.Module,
                    affine: InputAffine | NoInputAffine) -> tuple[list[WeightPatch], str | None]:
@@ -224,6 +258,21 @@ def input_affines(model: nn.Module) -> dict[str, InputAffine | NoInputAffine]:
     return found() if callable(found) else {}
 
 
+def head_bank_layers(model: nn.Module) -> set[str]:
+    """The layers of `model` that take a bank of heads chosen per sampler step (H3's output heads)."""
+    found = getattr(model, "adapter_head_bank_layers", None)
+    return set(found()) if callable(found) else set()
+
+
+def _is_bank(entry: AdapterEntry, module: nn.Module) -> bool:
+    """True when `entry` replaces `module`'s weight by a stack of several heads (rows a multiple of its rows)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(entry.weight, Replacement) or weight is None or weight.dim() != 2:
+        return False
+    shape = entry.weight.delta_shape()
+    return len(shape) == 2 and shape[0] > weight.shape[0] and shape[0] % weight.shape[0] == 0
+
+
 def _wide_input(weight: DeltaSource | None, affine: InputAffine | NoInputAffine) -> bool:
     """True when `weight` is a linear delta for the wider input `affine` stands for (not the layer's own)."""
     if weight is None:
@@ -246,6 +295,8 @@ def _build_entry(base: str, roles: dict[str, torch.Tensor], source: str) -> Adap
         kinds.add("LoHa")
     if "diff" in roles:
         kinds.add("full diff")
+    if "set_weight" in roles:
+        kinds.add("weight replacement")
     if len(kinds) > 1:
         raise ValueError(f"{where} mixes {' and '.join(sorted(kinds))} tensors; cannot tell which to apply")
     alpha = roles.get("alpha")
@@ -268,12 +319,19 @@ def _build_entry(base: str, roles: dict[str, torch.Tensor], source: str) -> Adap
                            w2_b=roles["hada_w2_b"], t1=roles.get("hada_t1"), t2=roles.get("hada_t2"), alpha=alpha)
     elif "full diff" in kinds:
         weight = FullDelta(roles["diff"])
+    elif "weight replacement" in kinds:
+        weight = Replacement(roles["set_weight"])
     problem = weight.check() if weight is not None else None
     if problem:
         raise ValueError(f"{where} ({weight.kind}): {problem}")
-    bias = FullDelta(roles["diff_b"]) if "diff_b" in roles else None
+    if "diff_b" in roles and "set_bias" in roles:
+        raise ValueError(f"{where} holds both a bias delta (diff_b) and a bias replacement (set_bias)")
+    bias = FullDelta(roles["diff_b"]) if "diff_b" in roles else Replacement(roles["set_bias"]) if "set_bias" in roles \
+        else None
     if weight is None and bias is None:
         raise ValueError(f"{where} holds only {', '.join(sorted(roles))}, no factors to apply")
+    if "dora_scale" in roles and isinstance(weight, Replacement):
+        raise ValueError(f"{where} has a DoRA magnitude on a weight replacement (set_weight)")
     if "dora_scale" in roles and weight is None:
         raise ValueError(f"{where} has a DoRA magnitude but no weight delta")
     path = key_path(base)
@@ -298,7 +356,7 @@ def adapter_from_tensors(tensors: dict[str, torch.Tensor], *, source: str = "<te
         raise ValueError(f"adapter {source}: {len(unknown)} of its {len(tensors)} tensors are not LoRA, LoKr, "
                          f"LoHa or full-delta factors this loader knows ({listed}); supported: lora_up/lora_down/"
                          "lora_mid, lora_A/lora_B, lora.up/lora.down, lora_linear_layer, lokr_*, hada_*, diff, "
-                         "diff_b, alpha, dora_scale")
+                         "diff_b, set_weight, set_bias, alpha, dora_scale")
     if not grouped:
         raise ValueError(f"adapter {source} holds no tensors")
     entries = [_build_entry(base, roles, source) for base, roles in sorted(grouped.items())]

@@ -20,6 +20,8 @@ class DeltaSource(abc.ABC):
 
     kind: str = "?"
     scale: float = 1.0
+    replaces: bool = False  # the "delta" is a new value for the weight, not an addition to it
+    per_step: bool = False  # chosen by the model at each sampler step, never added to a weight (HeadBank)
 
     @abc.abstractmethod
     def delta_shape(self) -> tuple[int, ...]:
@@ -52,6 +54,50 @@ class DeltaSource(abc.ABC):
         # weight that is moving anyway, and a cache would pin a copy of a `diff` on the device.
         factors = {role: t.to(device=device, dtype=torch.float32) for role, t in self.tensors().items()}
         return self.compute(factors)
+
+
+@dataclass
+class Replacement(DeltaSource):
+    """A stored replacement (`set_weight`, `set_bias`): the weight becomes this tensor, whatever the strength.
+
+    As in ComfyUI, a replacement ignores the strength (any non-zero strength sets it) and lands where it
+    stands in the patch order, so deltas stacked after it add to the new value.
+    """
+
+    value: torch.Tensor
+    kind: str = "set"
+    scale: float = 1.0
+    replaces: bool = True
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"value": self.value}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return factors["value"]
+
+
+@dataclass
+class HeadBank(DeltaSource):
+    """A stack of `heads` replacements for one output layer (a PDD bank: models/h3/pdd.py); the model blends
+    the heads a sampler step covers at each step, so it is never added into a weight or merged."""
+
+    value: torch.Tensor  # (heads * out, in) for a weight, (heads * out,) for a bias
+    heads: int
+    kind: str = "head bank"
+    scale: float = 1.0
+    per_step: bool = True
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"value": self.value}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return factors["value"]
 
 
 @dataclass
@@ -172,6 +218,13 @@ class WeightPatch:
     def add_into(self, weight: torch.Tensor, strength: float) -> None:
         """Add `strength` times this patch into the float32 tensor `weight`, in place."""
         region = weight if self.rows is None else weight[self.rows[0]:self.rows[1]]
+        if self.source.replaces:
+            value = self.source.delta(weight.device).reshape(region.shape)
+            if self.swap_halves:
+                half = value.shape[0] // 2
+                value = torch.cat((value[half:], value[:half]), dim=0)
+            region.copy_(value)
+            return
         if self.dora_scale is None and self.source.add_scaled(region, strength, self.swap_halves):
             return
         delta = self.source.delta(weight.device)

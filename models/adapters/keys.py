@@ -34,6 +34,8 @@ _ROLE_SUFFIXES: dict[str, str] = {
     ".hada_w1_a": "hada_w1_a", ".hada_w1_b": "hada_w1_b", ".hada_w2_a": "hada_w2_a",
     ".hada_w2_b": "hada_w2_b", ".hada_t1": "hada_t1", ".hada_t2": "hada_t2",
     ".diff": "diff", ".diff_b": "diff_b",
+    # Weight replacements (FastH3 adapters, PDD head banks): the stored tensor takes the weight's place.
+    ".set_weight": "set_weight", ".set_bias": "set_bias",
     # LyCORIS stores norm-layer changes as full deltas under these names.
     ".w_norm": "diff", ".b_norm": "diff_b",
 }

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from models.h3 import packing
+from models.h3 import packing, pdd
 from models.h3.layers import compute_device
 
 SAMPLERS = ("euler", "res_multistep")
@@ -212,7 +212,8 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     total = sig_v.numel() - 1
     for i in range(total):
         sv, sa = float(sig_v[i]), float(sig_a[i])
-        with torch.no_grad():
+        step = pdd.SamplerStep(sv, float(sig_v[i + 1]), video_shift, audio_shift)
+        with torch.no_grad(), pdd.sampler_step(step):
             v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
                              context_mask=context_mask.to(device) if context_mask is not None else None,
                              conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
