@@ -40,7 +40,7 @@ from torch import nn
 
 from models.adapters.base import (DeltaSource, FullDelta, HeadBank, InputAffine, NoInputAffine, ProjectedDelta,
                                   ProjectedOffset, Replacement, WeightPatch, dora_axis, fits)
-from models.adapters.keys import MODEL, ModuleIndex, Target, detect_format, key_path, split_role
+from models.adapters.keys import MODEL, ModuleIndex, Target, detect_format, interleaved_qkv_file, key_path, split_role
 from models.adapters.loha import LohaDelta
 from models.adapters.lokr import LokrDelta
 from models.adapters.lora import LoraDelta
@@ -58,8 +58,9 @@ class AdapterEntry:
     path: str  # module path within that component (dotted, or underscored when `underscored`)
     underscored: bool
     weight: DeltaSource | None  # the weight delta, if the entry changes the weight
-    bias: FullDelta | None  # the bias delta (`diff_b`), if any
+    bias: FullDelta | Replacement | None  # the bias delta (`diff_b`) or replacement (`set_bias`), if any
     dora_scale: torch.Tensor | None = None
+    head_interleaved_qkv: bool = False  # a fused qkv delta whose rows are [head: q k v, ...] (DiffSynth-Studio)
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Adapter:
             for param_name, source in sources:
                 if source is None:
                     continue
-                patch, problem = self._patch(entry, target, module, param_name, source)
+                patch, problem = self._patch(entry, target, module, param_name, source, index)
                 if problem:
                     problems.append(problem)
                 else:
@@ -210,7 +211,7 @@ class Adapter:
                             param_name="bias", key=entry.key, projected=True)], None
 
     def _patch(self, entry: AdapterEntry, target: Target, module: nn.Module, param_name: str,
-               source: DeltaSource) -> tuple[WeightPatch | None, str | None]:
+               source: DeltaSource, index: ModuleIndex) -> tuple[WeightPatch | None, str | None]:
         """One patch, or the reason it cannot be made."""
         where = f"module {target.module_name!r}"
         param = getattr(module, param_name, None)
@@ -246,9 +247,18 @@ class Adapter:
             if axis is None:
                 return None, (f"entry {entry.key!r}: DoRA magnitude of shape {tuple(entry.dora_scale.shape)} fits "
                               f"neither the rows nor the columns of {where} (shape {target_shape})")
+        row_order = None
+        if entry.head_interleaved_qkv and param_name == "weight" and target.part is None:
+            head_dim = getattr(index.modules.get(target.module_name.rpartition(".")[0]), "head_dim", None)
+            if not head_dim or target_shape[0] % (3 * head_dim):
+                return None, (f"entry {entry.key!r}: its fused qkv rows are stored head by head (DiffSynth-Studio's "
+                              f"layout), but {where} has no head size Weft can read to reorder them")
+            heads = target_shape[0] // (3 * head_dim)
+            # Our row (part, head, d) is their row (head, part, d).
+            row_order = torch.arange(target_shape[0]).view(heads, 3, head_dim).transpose(0, 1).reshape(-1)
         patch = WeightPatch(source=source, module_name=target.module_name, param_name=param_name, key=entry.key,
                             rows=rows, swap_halves=swap,
-                            dora_scale=entry.dora_scale if axis else None, dora_axis=axis)
+                            dora_scale=entry.dora_scale if axis else None, dora_axis=axis, row_order=row_order)
         return patch, None
 
 
@@ -283,9 +293,15 @@ def _wide_input(weight: DeltaSource | None, affine: InputAffine | NoInputAffine)
     return affine.wide is None or shape[1] == affine.wide
 
 
-def _build_entry(base: str, roles: dict[str, torch.Tensor], source: str) -> AdapterEntry:
-    """One entry from its tensors by role; ValueError naming the key when they are incomplete."""
+def _build_entry(base: str, roles: dict[str, torch.Tensor], source: str,
+                 file_alpha: torch.Tensor | None = None) -> AdapterEntry:
+    """One entry from its tensors by role; ValueError naming the key when they are incomplete.
+
+    `file_alpha` (the file's metadata `alpha`) stands in for an entry that stores no alpha of its own.
+    """
     where = f"adapter {source}: entry {base!r}"
+    if "alpha" not in roles and file_alpha is not None:
+        roles = {**roles, "alpha": file_alpha}
     kinds = set()
     if {"up", "down", "mid"} & roles.keys():
         kinds.add("LoRA")
@@ -359,8 +375,30 @@ def adapter_from_tensors(tensors: dict[str, torch.Tensor], *, source: str = "<te
                          "diff_b, set_weight, set_bias, alpha, dora_scale")
     if not grouped:
         raise ValueError(f"adapter {source} holds no tensors")
-    entries = [_build_entry(base, roles, source) for base, roles in sorted(grouped.items())]
-    return Adapter(source=source, format=detect_format(list(tensors)), entries=entries, metadata=metadata or {})
+    metadata = metadata or {}
+    file_alpha = _file_alpha(metadata, source)
+    entries = [_build_entry(base, roles, source, file_alpha) for base, roles in sorted(grouped.items())]
+    if interleaved_qkv_file(list(tensors)):
+        for entry in entries:
+            entry.head_interleaved_qkv = entry.path.endswith(("attn.qkv_proj", "attn_qkv_proj"))
+    return Adapter(source=source, format=detect_format(list(tensors)), entries=entries, metadata=metadata)
+
+
+def _file_alpha(metadata: dict[str, str], source: str) -> torch.Tensor | None:
+    """The network alpha a file records in its metadata (`alpha`), as an alpha tensor, or None.
+
+    The scale rule: an entry's own `.alpha` tensor gives alpha / rank; else the file's metadata `alpha`
+    (one alpha for every entry, as lightx2v's files record it) gives alpha / rank; else the scale is 1,
+    that is, alpha is taken to equal the rank, as the common trainers and diffusers assume.
+    """
+    value = metadata.get("alpha")
+    if value is None:
+        return None
+    try:
+        return torch.tensor(float(value))
+    except ValueError:
+        raise ValueError(f"adapter {source}: its metadata records alpha as {value!r}, which is not a number; "
+                         "fix or remove that entry") from None
 
 
 def load_adapter(path: str | os.PathLike) -> Adapter:

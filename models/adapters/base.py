@@ -214,22 +214,28 @@ class WeightPatch:
     dora_scale: torch.Tensor | None = None
     dora_axis: str | None = None
     projected: bool = False  # made by moving a wider-input entry onto this layer's input (InputAffine)
+    row_order: torch.Tensor | None = None  # our row i is the delta's row row_order[i] (head-interleaved qkv)
 
     def add_into(self, weight: torch.Tensor, strength: float) -> None:
         """Add `strength` times this patch into the float32 tensor `weight`, in place."""
         region = weight if self.rows is None else weight[self.rows[0]:self.rows[1]]
         if self.source.replaces:
             value = self.source.delta(weight.device).reshape(region.shape)
+            if self.row_order is not None:
+                value = value[self.row_order.to(value.device)]
             if self.swap_halves:
                 half = value.shape[0] // 2
                 value = torch.cat((value[half:], value[:half]), dim=0)
             region.copy_(value)
             return
-        if self.dora_scale is None and self.source.add_scaled(region, strength, self.swap_halves):
+        if self.dora_scale is None and self.row_order is None and \
+                self.source.add_scaled(region, strength, self.swap_halves):
             return
         delta = self.source.delta(weight.device)
         if delta.shape != region.shape:
             delta = delta.reshape(region.shape)  # only shapes `fits` accepted reach here
+        if self.row_order is not None:
+            delta = delta[self.row_order.to(delta.device)]
         if self.swap_halves:
             # The swap is its own inverse: bring the delta into our row order.
             half = delta.shape[0] // 2
@@ -238,6 +244,8 @@ class WeightPatch:
             region.add_(delta, alpha=strength)
             return
         scale = self.dora_scale.to(device=weight.device, dtype=torch.float32)
+        if self.row_order is not None and self.dora_axis == "out":
+            scale = scale.reshape(-1)[self.row_order.to(scale.device)].reshape(scale.shape)
         if self.swap_halves and self.dora_axis == "out":
             half = scale.shape[0] // 2
             scale = torch.cat((scale[half:], scale[:half]), dim=0)
