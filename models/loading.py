@@ -54,6 +54,8 @@ SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 vide
                   "scales, mxfp8)")
 # Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
 IGNORED_KEYS = {
+    # A pruned H3 DiT may carry the affine of its pruning (read apart by _curve_affine, for adapters).
+    "h3_transformer": re.compile(r"^(adaln_basis|adaln_mean)$"),
     "h3_audio_vae": re.compile(r".*\.(filter|upsample\.filter|downsample\.lowpass\.filter)$"),
     "h3_video_vae": re.compile(r"^(decoder\.pos_embed\.inv_freq|pixel_mean|pixel_std)$"),
 }
@@ -480,6 +482,59 @@ def _quantize_modules(model: nn.Module, plan: QuantPlan, shapes: dict[str, tuple
         setattr(parent, child, twin)
 
 
+def _curve_affine(header: Header, prefix: str, table: torch.Tensor):
+    """A curve-form H3 DiT's pruning affine (models/h3/transformer.py's adapter_input_affines), or why there is none.
+
+    Read from the checkpoint's own `adaln_basis` / `adaln_mean`, else from `<file name>.adaln_affine.safetensors`,
+    else from `adaln_affine.safetensors` beside it. A side file that also holds the curve table (`adaln_t_table` or
+    `time_embedder.table`) is used only when that table equals the model's, so one made for another pruning is
+    never applied. Loading never fails for it: what is missing or wrong is said when an adapter needs it.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    from models.adapters.base import InputAffine, NoInputAffine
+    from models.h3.transformer import AFFINE_KEYS, AFFINE_SIDECAR
+    narrow = int(table.shape[1])
+    folder, file_name = os.path.split(header.path)
+    stem = file_name[:-len(".safetensors")] if file_name.endswith(".safetensors") else file_name
+    candidates = [(header.path, prefix, False), (os.path.join(folder, f"{stem}.{AFFINE_SIDECAR}"), "", True),
+                  (os.path.join(folder, AFFINE_SIDECAR), "", True)]
+    problems = []
+    for path, key_prefix, side_file in candidates:
+        if side_file and not os.path.isfile(path):
+            continue
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                keys = set(f.keys())
+                basis_key, mean_key = (key_prefix + k for k in AFFINE_KEYS)
+                if basis_key not in keys or mean_key not in keys:
+                    if side_file:
+                        problems.append(f"{os.path.basename(path)} lacks {' or '.join(AFFINE_KEYS)}")
+                    continue
+                basis, mean = f.get_tensor(basis_key).float(), f.get_tensor(mean_key).float()
+                stored_table = next((f.get_tensor(k) for k in ("adaln_t_table", "time_embedder.table") if k in keys
+                                     and side_file), None)
+        except (SafetensorError, OSError) as error:
+            problems.append(f"{os.path.basename(path)} is not a readable safetensors file ({error})")
+            continue
+        name = os.path.basename(path)
+        if basis.dim() != 2 or basis.shape[0] != narrow or mean.shape != (basis.shape[1],):
+            problems.append(f"{name} holds adaln_basis {list(basis.shape)} and adaln_mean {list(mean.shape)}; this "
+                            f"model needs ({narrow}, full width) and (full width,)")
+            continue
+        if stored_table is not None and not torch.equal(stored_table.float(), table.float().cpu()):
+            problems.append(f"{name} was made for another pruning (its curve table differs from this model's)")
+            continue
+        return InputAffine(basis.contiguous(), mean.contiguous(), name)
+    reason = (f"moving such an entry onto the pruned model needs the pruning's basis and mean (tensors "
+              f"{AFFINE_KEYS[0]} ({narrow}, full width) and {AFFINE_KEYS[1]} (full width)), which {file_name} does "
+              f"not carry; put them in '{stem}.{AFFINE_SIDECAR}' or '{AFFINE_SIDECAR}' beside it (the pruned bf16 "
+              "release holds them), or use an adapter made for the pruned model")
+    if problems:
+        reason += f" ({'; '.join(problems)})"
+    return NoInputAffine(narrow, None, reason)
+
+
 def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype: torch.dtype | None = None,
                device: torch.device | str = "cpu", qkv_layout: str | None = None) -> LoadedModel:
     """Load an H3 model from a safetensors file: detect it, recover its config, check every shape, fill the weights.
@@ -582,6 +637,8 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     if leftover:
         raise ValueError(f"{name}: internal error, tensors left unloaded: {', '.join(leftover[:5])}")
     model.eval().requires_grad_(False)
+    if kind == "h3_transformer" and config.adaln_curve_points is not None:
+        model.adaln_affine = _curve_affine(header, prefix, model.adaln_t_table)
     if kind == "h3_video_vae":
         model.t1_direct = header.metadata.get("h3_t1_direct", "").strip().lower() in ("1", "true", "yes")
     return LoadedModel(kind, model, config, header.metadata, header.path)

@@ -34,6 +34,10 @@ PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
 # Option of a diffusion-model handle: the block hooks (models/h3/transformer.py's BlockHook) its forward runs.
 BLOCK_HOOKS = "block_hooks"
 
+# Option a handle sets while it runs: {id(module): {param name: HeadBank patch}}, the banks of heads a model chooses
+# from per sampler step (models/h3/pdd.py); the last adapter stacked with a bank for a layer wins, as a set does.
+HEAD_BANKS = "head_banks"
+
 # Option of a handle: the torch.device its model runs on (SelectModelDevice, SelectCLIPDevice); absent: the default.
 PLACED_DEVICE = "device"
 
@@ -109,6 +113,11 @@ class AppliedAdapter:
     strength: float
     patches: tuple[WeightPatch, ...]
 
+    @property
+    def projected(self) -> tuple[str, ...]:
+        """Keys of the entries that were moved onto a narrower input to apply (a full-model AdaLN on a pruned DiT)."""
+        return tuple(dict.fromkeys(patch.key for patch in self.patches if patch.projected))
+
 
 class ModelHandle:
     """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`).
@@ -172,7 +181,8 @@ class ModelHandle:
         """Activate this handle's patches for weights taken inside the block; yields the module to run."""
         from models import memory  # memory imports this module
 
-        token = _active_options.set(self.options)
+        banks = self._head_banks()
+        token = _active_options.set({**self.options, HEAD_BANKS: banks} if banks else self.options)
         try:
             with patches_active(self._patch_map), memory.placed_on(self.options.get(PLACED_DEVICE)):
                 yield self.model
@@ -184,11 +194,22 @@ class ModelHandle:
         with self.active():
             return self.model(*args, **kwargs)
 
+    def _head_banks(self) -> dict[int, dict[str, WeightPatch]]:
+        """The per-step head banks of the stacked adapters, by id of the module that runs (the last one wins)."""
+        found: dict[int, dict[str, WeightPatch]] = {}
+        for applied in self.applied:
+            for patch in applied.patches:
+                if patch.source.per_step:
+                    found.setdefault(id(self.model.get_submodule(patch.module_name)), {})[patch.param_name] = patch
+        return found
+
     def _patched_params(self) -> dict[str, dict[str, list[tuple[Patch, float]]]]:
         """`{module name: {param name: entries}}` for every patched parameter, in application order."""
         found: dict[str, dict[str, list[tuple[Patch, float]]]] = {}
         for applied in self.applied:
             for patch in applied.patches:
+                if patch.source.per_step:
+                    continue  # chosen by the model at each step (HEAD_BANKS), never added to the weight
                 found.setdefault(patch.module_name, {}).setdefault(patch.param_name, []).append(
                     (patch, applied.strength))
         return found

@@ -20,6 +20,8 @@ class DeltaSource(abc.ABC):
 
     kind: str = "?"
     scale: float = 1.0
+    replaces: bool = False  # the "delta" is a new value for the weight, not an addition to it
+    per_step: bool = False  # chosen by the model at each sampler step, never added to a weight (HeadBank)
 
     @abc.abstractmethod
     def delta_shape(self) -> tuple[int, ...]:
@@ -52,6 +54,50 @@ class DeltaSource(abc.ABC):
         # weight that is moving anyway, and a cache would pin a copy of a `diff` on the device.
         factors = {role: t.to(device=device, dtype=torch.float32) for role, t in self.tensors().items()}
         return self.compute(factors)
+
+
+@dataclass
+class Replacement(DeltaSource):
+    """A stored replacement (`set_weight`, `set_bias`): the weight becomes this tensor, whatever the strength.
+
+    As in ComfyUI, a replacement ignores the strength (any non-zero strength sets it) and lands where it
+    stands in the patch order, so deltas stacked after it add to the new value.
+    """
+
+    value: torch.Tensor
+    kind: str = "set"
+    scale: float = 1.0
+    replaces: bool = True
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"value": self.value}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return factors["value"]
+
+
+@dataclass
+class HeadBank(DeltaSource):
+    """A stack of `heads` replacements for one output layer (a PDD bank: models/h3/pdd.py); the model blends
+    the heads a sampler step covers at each step, so it is never added into a weight or merged."""
+
+    value: torch.Tensor  # (heads * out, in) for a weight, (heads * out,) for a bias
+    heads: int
+    kind: str = "head bank"
+    scale: float = 1.0
+    per_step: bool = True
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"value": self.value}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return factors["value"]
 
 
 @dataclass
@@ -167,15 +213,29 @@ class WeightPatch:
     swap_halves: bool = False  # the adapter's rows are [value; gate], ours [gate; value]
     dora_scale: torch.Tensor | None = None
     dora_axis: str | None = None
+    projected: bool = False  # made by moving a wider-input entry onto this layer's input (InputAffine)
+    row_order: torch.Tensor | None = None  # our row i is the delta's row row_order[i] (head-interleaved qkv)
 
     def add_into(self, weight: torch.Tensor, strength: float) -> None:
         """Add `strength` times this patch into the float32 tensor `weight`, in place."""
         region = weight if self.rows is None else weight[self.rows[0]:self.rows[1]]
-        if self.dora_scale is None and self.source.add_scaled(region, strength, self.swap_halves):
+        if self.source.replaces:
+            value = self.source.delta(weight.device).reshape(region.shape)
+            if self.row_order is not None:
+                value = value[self.row_order.to(value.device)]
+            if self.swap_halves:
+                half = value.shape[0] // 2
+                value = torch.cat((value[half:], value[:half]), dim=0)
+            region.copy_(value)
+            return
+        if self.dora_scale is None and self.row_order is None and \
+                self.source.add_scaled(region, strength, self.swap_halves):
             return
         delta = self.source.delta(weight.device)
         if delta.shape != region.shape:
             delta = delta.reshape(region.shape)  # only shapes `fits` accepted reach here
+        if self.row_order is not None:
+            delta = delta[self.row_order.to(delta.device)]
         if self.swap_halves:
             # The swap is its own inverse: bring the delta into our row order.
             half = delta.shape[0] // 2
@@ -184,6 +244,8 @@ class WeightPatch:
             region.add_(delta, alpha=strength)
             return
         scale = self.dora_scale.to(device=weight.device, dtype=torch.float32)
+        if self.row_order is not None and self.dora_axis == "out":
+            scale = scale.reshape(-1)[self.row_order.to(scale.device)].reshape(scale.shape)
         if self.swap_halves and self.dora_axis == "out":
             half = scale.shape[0] // 2
             scale = torch.cat((scale[half:], scale[:half]), dim=0)
@@ -192,3 +254,104 @@ class WeightPatch:
     def nbytes_factors(self) -> int:
         """Bytes of the stored factors (what on-the-fly application keeps besides the base)."""
         return sum(t.numel() * t.element_size() for t in self.source.tensors().values())
+
+
+@dataclass(frozen=True)
+class InputAffine:
+    """A layer whose input is an affine image of a wider one: wide(x) = mean + x @ basis.
+
+    basis (narrow, wide) and mean (wide,), float32. A delta trained for the wide input, dW (out, wide),
+    acts on the narrow input as dW @ basis.T (out, narrow) plus the constant dW @ mean (out,), added to
+    the bias: dW (mean + x @ basis) = (dW @ basis.T) x + dW @ mean. `source` names where the pair came from.
+    """
+
+    basis: torch.Tensor
+    mean: torch.Tensor
+    source: str
+
+    @property
+    def narrow(self) -> int:
+        """The layer's own input width."""
+        return int(self.basis.shape[0])
+
+    @property
+    def wide(self) -> int:
+        """The input width of the layer the affine stands in for."""
+        return int(self.basis.shape[1])
+
+
+@dataclass(frozen=True)
+class NoInputAffine:
+    """A layer whose input stands for a wider one, without the affine that maps them (why it is absent)."""
+
+    narrow: int
+    wide: int | None  # the wider width, when known
+    reason: str  # what the user can do to supply the affine
+
+
+@dataclass
+class ProjectedDelta(DeltaSource):
+    """The weight part of a wide-input delta moved onto the narrow input: `inner` delta @ basis.T."""
+
+    inner: DeltaSource
+    affine: InputAffine
+    kind: str = "projected"
+
+    @property
+    def scale(self) -> float:  # type: ignore[override]
+        return self.inner.scale
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return (self.inner.delta_shape()[0], self.affine.narrow)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {**self.inner.tensors(), "_basis": self.affine.basis}
+
+    def add_scaled(self, region: torch.Tensor, alpha: float, swap_halves: bool) -> bool:
+        # A LoRA moves onto the narrow input through its down factor alone: up @ (down @ basis.T).
+        from models.adapters.lora import LoraDelta
+
+        inner = self.inner
+        if not isinstance(inner, LoraDelta) or inner.mid is not None or swap_halves or region.dim() != 2:
+            return False
+        up = inner.up.to(device=region.device, dtype=torch.float32).reshape(inner.up.shape[0], -1)
+        down = inner.down.to(device=region.device, dtype=torch.float32).reshape(inner.down.shape[0], -1)
+        basis = self.affine.basis.to(device=region.device, dtype=torch.float32)
+        region.addmm_(up, down @ basis.T, alpha=alpha * inner.scale)
+        return True
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        basis = factors.pop("_basis")
+        wide = self.inner.compute(factors)
+        return wide.reshape(wide.shape[0], -1) @ basis.T
+
+
+@dataclass
+class ProjectedOffset(DeltaSource):
+    """The constant part of a wide-input delta, as a bias delta: `inner` delta @ mean."""
+
+    inner: DeltaSource
+    affine: InputAffine
+    kind: str = "projected offset"
+
+    @property
+    def scale(self) -> float:  # type: ignore[override]
+        return self.inner.scale
+
+    def delta_shape(self) -> tuple[int, ...]:
+        return (self.inner.delta_shape()[0],)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {**self.inner.tensors(), "_mean": self.affine.mean}
+
+    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+        mean = factors.pop("_mean")
+        from models.adapters.lora import LoraDelta
+
+        if isinstance(self.inner, LoraDelta) and self.inner.mid is None:
+            # up @ (down @ mean): never builds the (out, wide) delta.
+            up = factors["up"].reshape(self.inner.up.shape[0], -1)
+            down = factors["down"].reshape(self.inner.down.shape[0], -1)
+            return (up @ (down @ mean)) * self.inner.scale
+        wide = self.inner.compute(factors)
+        return wide.reshape(wide.shape[0], -1) @ mean

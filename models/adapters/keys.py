@@ -34,6 +34,8 @@ _ROLE_SUFFIXES: dict[str, str] = {
     ".hada_w1_a": "hada_w1_a", ".hada_w1_b": "hada_w1_b", ".hada_w2_a": "hada_w2_a",
     ".hada_w2_b": "hada_w2_b", ".hada_t1": "hada_t1", ".hada_t2": "hada_t2",
     ".diff": "diff", ".diff_b": "diff_b",
+    # Weight replacements (FastH3 adapters, PDD head banks): the stored tensor takes the weight's place.
+    ".set_weight": "set_weight", ".set_bias": "set_bias",
     # LyCORIS stores norm-layer changes as full deltas under these names.
     ".w_norm": "diff", ".b_norm": "diff_b",
 }
@@ -101,6 +103,22 @@ def detect_format(keys: list[str]) -> str:
     if "up" in roles:
         return "comfyui"
     return "full"
+
+
+# The original checkpoint's module names (bare, or under ComfyUI's / ai-toolkit's `diffusion_model.`).
+_NATIVE_NAMES = ("diffusion_model.", "blocks.", "token_refiner.blocks.", "final_layer.")
+
+
+def interleaved_qkv_file(keys: list[str]) -> bool:
+    """True for a DiffSynth-Studio file: PEFT's `.default.` infix over the original checkpoint's module names.
+
+    DiffSynth-Studio trains on the released checkpoint's fused qkv as the training code first lays it out,
+    rows grouped head by head ([head 0: q k v, head 1: q k v, ...]); every other trainer reorders it to
+    [all q; all k; all v] first, as Weft's model holds it. Shapes cannot tell the two apart; the `.default.`
+    infix over these names is what marks DiffSynth's files (diffusers reads them the same way).
+    """
+    return any(".lora_A.default." in k or ".lora_B.default." in k for k in keys) and \
+        any(k.startswith(_NATIVE_NAMES) for k in keys)
 
 
 def _wrapper_variants(path: str, sep: str) -> list[str]:

@@ -4,7 +4,9 @@ Stored shapes (every community format, once the key names are mapped):
   down  (rank, in, *kernel)   lora_down / lora_A / lora.down / lora_linear_layer.down
   up    (out, rank, *ones)    lora_up / lora_B / lora.up / lora_linear_layer.up
   mid   (rank, rank, *kernel) lora_mid (LoCon with Tucker decomposition; then down and up are 1x1)
-  alpha scalar, optional: scale = alpha / rank, and 1.0 when the file stores no alpha.
+  alpha scalar, optional: scale = alpha / rank. Without one, the file's metadata `alpha` (one network
+        alpha for every entry) is used; without either the scale is 1.0 (alpha = rank, what the common
+        trainers and diffusers assume). The same rule holds for LoKr and LoHa (adapter.py, _file_alpha).
 """
 from __future__ import annotations
 

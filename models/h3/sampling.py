@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from models.h3 import context_windows, packing
+from models.h3 import context_windows, packing, pdd
 from models.h3.layers import compute_device
 
 SAMPLERS = ("euler", "res_multistep")
@@ -224,7 +224,8 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     total = sig_v.numel() - 1
     for i in range(total):
         sv, sa = float(sig_v[i]), float(sig_a[i])
-        with torch.no_grad():
+        step = pdd.SamplerStep(sv, float(sig_v[i + 1]), video_shift, audio_shift)
+        with torch.no_grad(), pdd.sampler_step(step):
             if windowed is not None:
                 v_v, v_a = windowed(i, x_v, x_a, sv, sa, video_mask=vm_rows, audio_mask=am_rows,
                                     condition_seed=noise_seed, device=device)

@@ -16,6 +16,12 @@ H3 templates load, each a tiny random model stored the way the released file sto
 - `minimax_h3_audio_vae_fp32`: the audio VAE in float32, its convolutions weight-normalised
   (`weight_g` / `weight_v`) as the original training checkpoint stores them.
 - `minimax_h3_{fl2v_turbo_8step_v1.0,ref2v_turbo_4step_v0.1}_comfyui_bf16`: bfloat16 LoRAs on the DiT.
+- `MiniMax-H3-{FL2VA,Ref2VA}-Acc-8Step` (loras/): PDD adapters, a bfloat16 backbone LoRA plus a float32 bank
+  of 32 output heads (`final_layer.{video,audio}_out.set_weight` / `set_bias`, `pdd_num_steps` 32), in the
+  layout ComfyUI's LoRA loaders read (models/h3/pdd.py; the original release's own layout is not read).
+- `FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model` (loras/): a FastH3 adapter as FastVideo's
+  v2 adapters are built (rank-16 LoRA pairs with no alpha, full-rank `.diff` on the block norms, `.diff_b`
+  on the AdaLN biases), under ComfyUI's `diffusion_model.` key names (FastVideo's own names unverified).
 - `minimax_h3_fun_controlnet_union_pruned_int8_convrot` (model_patches/): a Fun ControlNet-Union patch for
   the pruned DiT, one control block per tiny DiT layer (`control_blocks_places` [0, 1]), curve-form
   modulation (`minimax_h3_fun_controlnet: adaln_basis`), block linears in int8 convrot, the float32 hint
@@ -64,6 +70,12 @@ VIDEO_VAE_FP16 = "minimax_h3_video_vae_fp16.safetensors"
 AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
 TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
 FUN_CONTROL = "minimax_h3_fun_controlnet_union_pruned_int8_convrot.safetensors"
+# PDD adapters (alibaba-pai/MiniMax-H3-Acc-LoRAs) and the DiT each is made for; the bank's head count.
+PDD_LORAS = {"MiniMax-H3-FL2VA-Acc-8Step.safetensors": "minimax_h3_fl2va_pruned_int8_convrot.safetensors",
+             "MiniMax-H3-Ref2VA-Acc-8Step.safetensors": "minimax_h3_ref2va_pruned_int8_convrot.safetensors"}
+PDD_HEADS = 32
+# FastVideo's FastH3 Preview adapter (dense, data-free variant), under its folder in the release.
+FASTH3_ADAPTER = "FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors"
 FUN_CONTROL_LAYERS = r"control_blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
 QWEN3VL_SEED = 2004
 # The released encoder's nvfp4 layers, and those of them that carry an AWQ pre_quant_scale.
@@ -160,6 +172,44 @@ def lora_bytes(transformer_bytes: bytes, seed: int, rank: int = 2, scale: float 
     return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE})
 
 
+def _dit_tensors(transformer_bytes: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as load_safetensors
+    return load_safetensors(transformer_bytes)
+
+
+def pdd_bytes(transformer_bytes: bytes, seed: int, heads: int = PDD_HEADS) -> bytes:
+    """A PDD adapter for the tiny DiT: the backbone LoRA of `lora_bytes` plus a bank of `heads` output heads.
+
+    Row block 0 of each bank is the DiT's own head, nudged; blocks 1.. are small offsets from it.
+    """
+    from safetensors.torch import load as load_safetensors
+    tensors = load_safetensors(lora_bytes(transformer_bytes, seed))
+    dit = _dit_tensors(transformer_bytes)
+    gen = torch.Generator("cpu").manual_seed(seed + 1)
+    for head in ("video_out", "audio_out"):
+        for part in ("weight", "bias"):
+            base = dit[f"final_layer.{head}.{part}"].float()
+            blocks = [base + 0.02 * torch.randn(base.shape, generator=gen)]
+            blocks += [0.05 * torch.randn(base.shape, generator=gen) for _ in range(heads - 1)]
+            tensors[f"diffusion_model.final_layer.{head}.set_{part}"] = torch.cat(blocks).contiguous()
+    return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE,
+                                               "pdd_num_steps": str(heads)})
+
+
+def fasth3_adapter_bytes(transformer_bytes: bytes, seed: int = 2301, rank: int = 16) -> bytes:
+    """A FastH3-style adapter for the tiny DiT: alpha-less LoRA pairs, `.diff` on norms, `.diff_b` on AdaLN biases."""
+    from safetensors.torch import load as load_safetensors
+    gen = torch.Generator("cpu").manual_seed(seed)
+    tensors = {k: v for k, v in load_safetensors(lora_bytes(transformer_bytes, seed, rank=rank, scale=0.05)).items()}
+    for key, value in sorted(_dit_tensors(transformer_bytes).items()):
+        layer, _, leaf = key.rpartition(".")
+        if re.fullmatch(r"blocks\.\d+\.norm[12]", layer) and leaf == "weight":
+            tensors[f"diffusion_model.{layer}.diff"] = (0.01 * torch.randn(value.shape, generator=gen)).to(torch.bfloat16)
+        elif re.fullmatch(r"blocks\.\d+\.adaln_proj\.linear", layer) and leaf == "bias":
+            tensors[f"diffusion_model.{layer}.diff_b"] = (0.01 * torch.randn(value.shape, generator=gen)).to(torch.bfloat16)
+    return save_safetensors(tensors, metadata={"weft_random_weights": "true", "weft_tiny": "true", "weft_note": NOTE})
+
+
 def fun_control_bytes(seed: int = 2201) -> bytes:
     """A tiny Fun ControlNet-Union patch for the tiny pruned DiT (see the module docstring)."""
     from models.h3.fun_control import CURVE_FORM, FORM_METADATA, PLACES_METADATA, FunControlConfig, FunControlNet
@@ -242,6 +292,9 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
         put("diffusion_models", name, pruned_transformer_bytes(seed, gate_compress=True))
     for n, (name, base) in enumerate(LORAS.items()):
         put("loras", name, lora_bytes(dit_bytes[base], seed=2100 + n))
+    for n, (name, base) in enumerate(PDD_LORAS.items()):
+        put("loras", name, pdd_bytes(dit_bytes[base], seed=2150 + n))
+    put("loras", FASTH3_ADAPTER, fasth3_adapter_bytes(dit_bytes[next(iter(TRANSFORMERS))]))
     put("vae", VIDEO_VAE_INT8, video_vae_bytes(quantized=True))
     put("vae", VIDEO_VAE_FP16, video_vae_bytes(quantized=False))
     put("vae", AUDIO_VAE, audio_vae_bytes())

@@ -23,7 +23,8 @@ from kernels.prologues import Prologue
 from models import ops, parallel
 from models.h3 import packing
 from models.h3.packing import SegmentRole as Role
-from models.h3 import sparse_attention
+from models.h3 import pdd, sparse_attention
+from models.adapters.base import InputAffine, NoInputAffine
 from models.h3.layers import attention, rope_split_half
 from models.ops import input_dtype
 
@@ -294,7 +295,29 @@ class OutputHeads(nn.Module):
         shift, scale = self.adaln_proj(t_emb)  # one row per timestep (a single tag)
         normed = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
         head = self.video_out if stream == Role.VIDEO else self.audio_out
+        from models.patcher import HEAD_BANKS, active_options
+        bank = active_options().get(HEAD_BANKS, {}).get(id(head))
+        if bank is not None:
+            return self._banked(head, bank, normed, stream)
         return head(normed.to(head.weight.dtype)).float()
+
+    def _banked(self, head: nn.Module, bank: dict, normed: torch.Tensor, stream: Role) -> torch.Tensor:
+        """The head a PDD bank gives for the sampler step being taken (models/h3/pdd.py), applied to `normed`."""
+        step = pdd.current_step()
+        weight_bank = bank.get("weight")
+        if step is None or weight_bank is None:
+            raise ValueError(f"the adapter {weight_bank.key if weight_bank else bank['bias'].key!r} holds a bank of "
+                             "output heads chosen per sampler step (a PDD adapter); run the model through an H3 sampler "
+                             "(KSampler, SamplerCustom, SamplerCustomAdvanced), which says which step it takes")
+        shift = step.video_shift if stream == Role.VIDEO else step.audio_shift
+        bias_bank = bank.get("bias")
+        weight, bias = pdd.blended_head(weight_bank.source.value.to(normed.device, torch.float32),
+                                        None if bias_bank is None else bias_bank.source.value.to(normed.device,
+                                                                                                 torch.float32),
+                                        weight_bank.source.heads, step, shift)
+        if bias is None and head.bias is not None:
+            bias = head.bias.float().to(normed.device)
+        return F.linear(normed.float(), weight, bias)
 
 
 def _noised_visual_condition(rows: torch.Tensor, seed: int) -> torch.Tensor:
@@ -335,6 +358,14 @@ class BlockHook(Protocol):
         """For one forward: a function (block index, block input, block output) -> the output passed on, or None."""
 
 
+# Where a curve-form model's affine comes from (models/loading.py reads these), and what to do without it.
+AFFINE_KEYS = ("adaln_basis", "adaln_mean")
+AFFINE_SIDECAR = "adaln_affine.safetensors"
+MISSING_AFFINE = ("moving such an entry onto the pruned model needs the pruning's basis and mean (tensors adaln_basis "
+                  "(curve width, full width) and adaln_mean (full width)), which the released pruned int8 files do not "
+                  f"carry; put them in '<model file name>.{AFFINE_SIDECAR}' or '{AFFINE_SIDECAR}' beside the model "
+                  "file (the pruned bf16 release holds them), or use an adapter made for the pruned model")
+
 # Parameters kept in float32 whatever the model dtype (the checkpoint's float32 island).
 FLOAT32_PREFIXES = ("video_patch_proj.", "audio_patch_proj.", "time_embedder.", "adaln_t_table",
                     "rope.", "final_layer.video_out.", "final_layer.audio_out.")
@@ -361,6 +392,32 @@ class H3Transformer(nn.Module):
         self.token_refiner = TextRefiner(cfg)
         self.blocks = nn.ModuleList([JointLayer(cfg) for _ in range(cfg.num_layers)])
         self.final_layer = OutputHeads(cfg)
+        # Curve form: how the curve's coordinates map back to the full model's SiLU'd time embedding, which
+        # adapters trained on the full model need (see adapter_input_affines); set by the loader when found.
+        self.adaln_affine: InputAffine | NoInputAffine | None = None
+        if cfg.adaln_curve_points is not None:
+            self.adaln_affine = NoInputAffine(cfg.time_embed_dim, None, MISSING_AFFINE)
+
+    def adaln_modules(self) -> list[str]:
+        """Names of the Linear layers that read the time embedding (every AdaLN projection)."""
+        return [f"blocks.{i}.adaln_proj.linear" for i in range(len(self.blocks))] + ["final_layer.adaln_proj.linear"]
+
+    def adapter_head_bank_layers(self) -> list[str]:
+        """The output heads, which take a PDD bank of heads chosen per sampler step (models/h3/pdd.py)."""
+        return ["final_layer.video_out", "final_layer.audio_out"]
+
+    def adapter_input_affines(self) -> dict[str, InputAffine | NoInputAffine]:
+        """For a curve-form model: every AdaLN projection, with the affine from the full model's input to its own.
+
+        The pruning wrote the full model's modulation input, silu(time_embedder(t)) (time_embed_dim of the full
+        model, 2688 released), as mean + curve(t) @ basis, where curve(t) is the table row this model reads (8
+        released); so each projection here is the full one times basis.T, its bias plus the full weight times
+        mean. An adapter entry for the full projection moves here the same way (models/adapters/base.py,
+        InputAffine): exactly, wherever the pruned model itself equals the full one.
+        """
+        if self.adaln_affine is None:
+            return {}
+        return {name: self.adaln_affine for name in self.adaln_modules()}
 
     @property
     def compute_dtype(self) -> torch.dtype:

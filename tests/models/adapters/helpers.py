@@ -27,6 +27,7 @@ class FusedAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        self.head_dim = HEAD_DIM
         self.qkv_proj = ops.Linear(HIDDEN, 3 * INNER, bias=False)
         self.q_norm = ops.RMSNorm(HEAD_DIM, eps=1e-6)
         self.k_norm = ops.RMSNorm(HEAD_DIM, eps=1e-6)

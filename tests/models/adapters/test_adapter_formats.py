@@ -11,7 +11,7 @@ import torch
 
 from models.adapters import load_adapter
 from models.patcher import ModelHandle
-from tests.models.adapters.helpers import (HIDDEN, INNER, assert_unchanged, param, rand, snapshot, tiny_h3,
+from tests.models.adapters.helpers import (HEAD_DIM, HEADS, HIDDEN, INNER, assert_unchanged, param, rand, snapshot, tiny_h3,
                                            tiny_inputs, write_adapter)
 
 # (our module, our path as the adapter names it, the diffusers name, row block or None, swap halves)
@@ -85,6 +85,9 @@ def test_format_maps_onto_the_right_weights(tmp_path, fmt):
         scale = alpha / rank if with_alpha else 1.0
         delta = torch.zeros_like(weight)
         block = expected_delta(up, down, use_swap)
+        if fmt == "peft_default" and module.endswith("qkv_proj"):
+            # PEFT's `.default.` over the original names is DiffSynth-Studio's: its qkv rows go head by head.
+            block = block.view(HEADS, 3, HEAD_DIM, -1).transpose(0, 1).reshape(block.shape)
         if use_rows:
             delta[use_rows[0]:use_rows[1]] = block
         else:

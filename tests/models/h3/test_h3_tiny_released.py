@@ -37,6 +37,9 @@ def test_every_released_name_is_written(released):
         "text_encoders/qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors",
         "loras/minimax_h3_fl2v_turbo_8step_v1.0_comfyui_bf16.safetensors",
         "loras/minimax_h3_ref2v_turbo_4step_v0.1_comfyui_bf16.safetensors",
+        "loras/MiniMax-H3-FL2VA-Acc-8Step.safetensors",
+        "loras/MiniMax-H3-Ref2VA-Acc-8Step.safetensors",
+        "loras/FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors",
         "model_patches/minimax_h3_fun_controlnet_union_pruned_int8_convrot.safetensors",
     }
     for path in released.rglob("*.safetensors"):
@@ -101,3 +104,33 @@ def test_released_files_load_and_run(released):
     audio = load_model(released / "vae" / "minimax_h3_audio_vae_fp32.safetensors", expect="h3_audio_vae").model
     wave = audio.decode(torch.randn(1, 32, 2, 4, generator=torch.Generator().manual_seed(1)))
     assert wave.shape == (1, 2, 3200) and torch.isfinite(wave).all()
+
+
+@pytest.mark.parametrize("lora, dit", [
+    ("MiniMax-H3-FL2VA-Acc-8Step.safetensors", "minimax_h3_fl2va_pruned_int8_convrot.safetensors"),
+    ("FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors",
+     "minimax_h3_fl2va_pruned_int8_convrot.safetensors"),
+    ("FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors",
+     "fastvideo_fasth3_8step_v2_pruned_int8_convrot.safetensors")])
+def test_pdd_bank_and_fasth3_adapter_apply_whole_to_the_pruned_dits(released, lora, dit):
+    from models.adapters import load_adapter
+    from models.h3 import pdd, sampling
+    from models.patcher import ModelHandle
+    adapter = load_adapter(released / "loras" / lora)
+    model = load_model(released / "diffusion_models" / dit).model
+    handle = ModelHandle(model).with_adapter(adapter, 1.0)
+    applied = handle.applied[0]
+    kinds = Counter(patch.source.kind for patch in applied.patches)
+    if "Acc" in lora:
+        assert kinds["head bank"] == 4 and applied.adapter.metadata["pdd_num_steps"] == "32"
+    else:
+        assert kinds["diff"] == 3 * model.config.num_layers and kinds["lora"] > 0  # norm1, norm2, AdaLN bias
+        assert applied.adapter.format == "comfyui"
+    gen = torch.Generator().manual_seed(2)
+    video, audio = torch.randn(1, 24, 2, 4, 4, generator=gen), torch.randn(1, 32, 2, 5, generator=gen)
+    text = torch.randn(1, 3, model.config.text_dim, generator=gen)
+    sigmas = sampling.sigmas(8, shift=12.0)
+    with torch.no_grad(), pdd.sampler_step(pdd.SamplerStep(float(sigmas[1]), float(sigmas[2]), 12.0, 3.0)):
+        v, a = handle(video, audio, text, float(sigmas[1]), 0.5)
+        base_v, _ = model(video, audio, text, float(sigmas[1]), 0.5)
+    assert torch.isfinite(v).all() and torch.isfinite(a).all() and (v - base_v).abs().max() > 1e-3
