@@ -227,3 +227,22 @@ def test_a_missing_input_picture_is_one_line_naming_the_file_the_folder_and_how_
     (picture,) = [line for line in lines if "transparent_rgb_gaming_mouse.png" in line]
     assert "(LoadImage), input 'image'" in picture and f"searched folder: {tmp_path.resolve() / 'input'}" in picture
     assert "upload it in the editor" in picture
+
+
+def test_several_workflows_run_in_one_process_and_the_later_ones_reuse_the_earlier_results(tmp_path):
+    done = run_cli("run", "workflows/default.json", "workflows/default.json", "--base-directory", tmp_path, "--json",
+                   "--profile-json", tmp_path / "profiles.json")
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert first["status"] == second["status"] == "success" and first["prompt_id"] != second["prompt_id"]
+    assert not any(row["cached"] for row in first["profile"].values())
+    assert all(row["cached"] for row in second["profile"].values())  # nothing changed: all of it from the cache
+    assert json.loads((tmp_path / "profiles.json").read_text()) == [first["profile"], second["profile"]]
+
+
+def test_several_workflows_stop_at_the_first_that_cannot_run(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"1": {"class_type": "NoSuchNode", "inputs": {}}}))
+    done = run_cli("run", "workflows/default.json", broken, "workflows/default.json", "--base-directory", tmp_path)
+    assert done.returncode == 2
+    assert done.stdout.count("wall ms") == 1 and "NoSuchNode" in done.stderr
