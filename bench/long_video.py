@@ -43,7 +43,7 @@ FIRST_SEGMENT_FRAMES, NEW_FRAMES_PER_SEGMENT = 22, 17
 
 
 class Bench:
-    """One runtime over a scratch folder holding the tiny models: an executor with a RAM cache."""
+    """One runtime over a scratch folder holding the tiny models: an executor with an output cache."""
 
     def __init__(self, base: Path) -> None:
         from execution.cache import make_cache
@@ -58,8 +58,9 @@ class Bench:
         self.registry = testing_registry()
         self.paths = Paths(base).ensure()
         configure(self.paths)
-        self.executor = Executor(self.registry, cache=make_cache("ram"), events=EventBus(), paths=self.paths,
-                                 runtime=Services())
+        # An LRU cache: the RAM cache would empty itself on a machine with little memory free.
+        self.executor = Executor(self.registry, cache=make_cache("lru", lru_size=1000), events=EventBus(),
+                                 paths=self.paths, runtime=Services())
 
     def run(self, prompt: dict) -> tuple[object, float, float]:
         """(result, wall seconds, process CPU seconds) of one run."""

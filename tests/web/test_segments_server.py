@@ -19,10 +19,11 @@ from tests.web.serve import ServerThread
 
 @pytest.fixture(scope="module")
 def caching_server(tmp_path_factory):
-    """A real server (jobs in a worker process) that keeps node results between prompts, as `main.py` does."""
+    """A real server (jobs in a worker process) that keeps node results between prompts. An LRU cache: the
+    default RAM cache empties itself when the machine has little memory free, which a test cannot rule out."""
     base = tmp_path_factory.mktemp("weft-segments")
     install(tiny_weights(tmp_path_factory), base)
-    running = ServerThread(base, cache_flags=())
+    running = ServerThread(base, cache_flags=("--cache-lru", "1000"))
     yield running
     running.stop()
 
