@@ -1,7 +1,7 @@
 """Weft's command line.
 
     python main.py [server flags]            start the server and the editor (http://127.0.0.1:8188)
-    python main.py run WORKFLOW [...]        run a workflow headless (a file, UI or API format, or a template name)
+    python main.py run WORKFLOW [...]        run workflows headless (files, UI or API format, or template names)
     python main.py validate WORKFLOW         check a workflow without running it
     python main.py templates [WORDS]         list the template names `run` and `validate` accept
 """
@@ -368,6 +368,11 @@ class TerminalProgress:
         self.enabled = stream.isatty()
         self.done = 0
 
+    def start(self, prompt: dict) -> None:
+        """Follow the next job, of `prompt` (the API prompt whose node classes it shows)."""
+        self.prompt = prompt
+        self.done = 0
+
     def __call__(self, event: str, data: dict) -> None:
         if not self.enabled:
             return
@@ -392,11 +397,16 @@ class TerminalProgress:
         self.stream.flush()
 
 
-def _workflow_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def _workflow_parser(prog: str, description: str, *, several: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("workflow",
-                        help="a workflow file (UI format, as the editor saves it, or API format, as /prompt takes "
-                             "it) or a template's name (`python main.py templates` lists them)")
+    what = ("a workflow file (UI format, as the editor saves it, or API format, as /prompt takes it) or a "
+            "template's name (`python main.py templates` lists them)")
+    if several:
+        parser.add_argument("workflows", nargs="+", metavar="workflow",
+                            help=what + "; several run one after another in this process, each reusing the models "
+                                        "and node results the ones before it computed (--set applies to each)")
+    else:
+        parser.add_argument("workflow", help=what)
     parser.add_argument("--set", action="append", default=[], metavar="TARGET=VALUE",
                         help="override one input before checking (repeatable): NODE.INPUT=VALUE with NODE a node id "
                              "or title (--set 3.seed=42, --set 'Resolution Selector.megapixels=0.1'), or a widget a "
@@ -469,38 +479,40 @@ def _report_prompt_error(error: PromptError, args: argparse.Namespace) -> None:
         print(format_prompt_error(error), file=sys.stderr)
 
 
-def _validated_workflow(args: argparse.Namespace, runtime: Runtime):
-    """Read, override (--set) and validate the workflow; PromptError when it cannot run."""
+def _validated_workflow(args: argparse.Namespace, runtime: Runtime, source: str):
+    """Read, override (--set) and validate the workflow `source`; PromptError when it cannot run."""
     from execution.convert import exposed_widgets
 
-    workflow = saved_workflow(read_workflow(args.workflow))
+    workflow = saved_workflow(read_workflow(source))
     exposed = exposed_widgets(workflow, runtime.registry)
     return runtime.prepare(workflow, adjust=lambda prompt: parse_set(args.set, prompt, runtime.registry, exposed))
 
 
-def _show_inputs(args: argparse.Namespace, runtime: Runtime) -> int:
+def _show_inputs(args: argparse.Namespace, runtime: Runtime, source: str) -> int:
     """`--show-inputs`: the workflow's adjustable inputs (after --set), without validating or running it."""
     from execution.convert import exposed_widgets, to_api_prompt
 
     try:
-        workflow = saved_workflow(read_workflow(args.workflow))
+        workflow = saved_workflow(read_workflow(source))
         exposed = exposed_widgets(workflow, runtime.registry)
         prompt = to_api_prompt(workflow, runtime.registry)
         parse_set(args.set, prompt, runtime.registry, exposed)
     except PromptError as error:
         _report_prompt_error(error, args)
         return 2
-    print(f"adjustable inputs of {args.workflow}:")
+    print(f"adjustable inputs of {source}:")
     _print_inputs(adjustable_inputs(prompt, exposed))
     return 0
 
 
 def run_parser() -> argparse.ArgumentParser:
     """`main.py run`'s command line."""
-    parser = _workflow_parser("main.py run", "Run a workflow headless and print where its outputs went.")
+    parser = _workflow_parser("main.py run", "Run a workflow headless and print where its outputs went.", several=True)
     parser.add_argument("--profile-json", type=Path, default=None, metavar="PATH",
-                        help="also write the per-node timing profile to PATH as JSON")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+                        help="also write the per-node timing profile to PATH as JSON (a list of them, in order, "
+                             "when several workflows run)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (one line per workflow) instead of text")
     add_common_arguments(parser)
     return parser
 
@@ -539,7 +551,8 @@ def server_parser() -> argparse.ArgumentParser:
 def command_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     try:
-        read_workflow(args.workflow)  # a missing or broken file is reported before any set-up
+        for source in args.workflows:
+            read_workflow(source)  # a missing or broken file is reported before any set-up
     except PromptError as error:
         _report_prompt_error(error, args)
         return 2
@@ -547,40 +560,57 @@ def command_run(argv: list[str]) -> int:
         args.preview_method = "none"  # nobody sees previews on a terminal: skip fitting and drawing them
     runtime = Runtime(args)
     if args.show_inputs:
-        return _show_inputs(args, runtime)
-    try:
-        prompt, validated = _validated_workflow(args, runtime)
-    except PromptError as error:
-        _report_prompt_error(error, args)
-        return 2
-    if not args.json:
-        runtime.events.subscribe(TerminalProgress(prompt))
+        return max(_show_inputs(args, runtime, source) for source in args.workflows)
+    progress = None if args.json else TerminalProgress({})
+    if progress is not None:
+        runtime.events.subscribe(progress)
+    profiles = []
+    for source in args.workflows:
+        # One runtime for all: a later workflow finds the earlier ones' models and node results in its
+        # caches, so a workflow run again with one input changed re-runs only what that input reaches.
+        try:
+            prompt, validated = _validated_workflow(args, runtime, source)
+        except PromptError as error:
+            _report_prompt_error(error, args)
+            return 2
+        if progress is not None:
+            progress.start(prompt)
+        result = _run_one(args, runtime, validated)
+        profiles.append(result.profile)
+        if args.profile_json:
+            profile = profiles[0] if len(args.workflows) == 1 else profiles
+            args.profile_json.write_text(json.dumps(profile, indent=2))
+        if result.status != "success":
+            return 1
+    return 0
+
+
+def _run_one(args: argparse.Namespace, runtime: Runtime, validated):
+    """Run one validated workflow in this process and print its report; the job's result."""
     prompt_id = str(uuid.uuid4())
     # In this process, not a worker: a headless run has no server to keep answering, and ^C stops it.
     result = runtime.executor.run(validated, prompt_id=prompt_id)
     files = written_files(result, runtime.paths)
-    if args.profile_json:
-        args.profile_json.write_text(json.dumps(result.profile, indent=2))
     if args.json:
         print(json.dumps({"prompt_id": prompt_id, "status": result.status, "outputs": result.outputs,
                           "files": files, "profile": result.profile, "error": result.error}, default=repr))
-    else:
-        from execution.scheduler import print_profile_table
+        return result
+    from execution.scheduler import print_profile_table
 
-        print_profile_table(result, validated.prompt)
-        if result.status != "success":
-            if args.verbose:
-                print(json.dumps(result.error, indent=2, default=repr))
-            else:
-                print(format_run_error(result.error or {}), file=sys.stderr)
-                print("(run again with --verbose for the full error and its traceback)", file=sys.stderr)
-        for text in (t for ui in result.outputs.values() for t in ui.get("text", []) if isinstance(t, str)):
-            print(f"text: {text[:500]}")
-        for line in sound_warnings(result.outputs, prompt):
-            print(f"warning: {line}", file=sys.stderr)
-        for path in files:
-            print(f"wrote {path}")
-    return 0 if result.status == "success" else 1
+    print_profile_table(result, validated.prompt)
+    if result.status != "success":
+        if args.verbose:
+            print(json.dumps(result.error, indent=2, default=repr))
+        else:
+            print(format_run_error(result.error or {}), file=sys.stderr)
+            print("(run again with --verbose for the full error and its traceback)", file=sys.stderr)
+    for text in (t for ui in result.outputs.values() for t in ui.get("text", []) if isinstance(t, str)):
+        print(f"text: {text[:500]}")
+    for line in sound_warnings(result.outputs, validated.prompt.raw):
+        print(f"warning: {line}", file=sys.stderr)
+    for path in files:
+        print(f"wrote {path}")
+    return result
 
 
 def command_validate(argv: list[str]) -> int:
@@ -589,8 +619,8 @@ def command_validate(argv: list[str]) -> int:
         read_workflow(args.workflow)  # a missing or broken file is reported before any set-up
         runtime = Runtime(args, runs_jobs=False)
         if args.show_inputs:
-            return _show_inputs(args, runtime)
-        prompt, validated = _validated_workflow(args, runtime)
+            return _show_inputs(args, runtime, args.workflow)
+        prompt, validated = _validated_workflow(args, runtime, args.workflow)
     except PromptError as error:
         print(json.dumps(error.to_json(), indent=2))
         if not args.verbose:

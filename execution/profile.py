@@ -56,6 +56,10 @@ class ProfileRows:
         width = len(self.NUMBERS)
         rows = {}
         for index, key in enumerate(self.keys):
+            if self.cached[index] and key in rows:
+                # It ran, its values were released, and a later node (a loop iteration) had them
+                # served from the cache again: the row of its run says what it cost.
+                continue
             row = {"class_type": self.class_types[index], "display_node": self.display_nodes[index],
                    "cached": bool(self.cached[index])}
             for offset, name in enumerate(self.NUMBERS):

@@ -1,10 +1,17 @@
 """Latent nodes: the empty H3 audio-video latent, and saving / loading latents as `.latent` files.
 
 An H3 LATENT carries both streams (see models/h3/__init__.py): `samples` (video, B x 24 x T' x H/16 x
-W/16), `audio_samples` (B x 32 x 2 x T_a), `frame_rate`, `length` and optional noise masks. A `.latent`
-file is safetensors: `latent_tensor` (video), `audio_latent_tensor`, optional `noise_mask` /
-`audio_noise_mask`, ComfyUI's `latent_format_version_0` marker, and `frame_rate` / `length` in its
-metadata, so a saved latent reloads bit for bit.
+W/16), `audio_samples` (B x 32 x 2 x T_a), `frame_rate`, `length` and optional noise masks; a latent of
+one stream (VAEEncode, VAEEncodeAudio, LTXVSeparateAVLatent) holds the keys of that stream, an audio one
+also `"type": "audio"`. Guides are not part of the LATENT: they travel in the CONDITIONING's `keyframes`.
+
+A `.latent` file is safetensors, laid out as ComfyUI writes it: `latent_tensor` (the video stream), the
+empty `latent_format_version_0` marker and the run's prompt (and the editor's workflow) as JSON in the
+metadata. Weft adds `audio_latent_tensor`, `noise_mask` / `audio_noise_mask`, any other tensor of the
+LATENT under `latent.<key>`, its other entries as one JSON object (`latent_fields`) and the model family
+(`latent_family`), so a saved latent reloads bit for bit (dtypes included) in another run. Loading
+refuses a latent of another model family: one whose file names another family, or, for files without
+the entry (ComfyUI's), whose tensors do not have H3's channel layout.
 """
 from __future__ import annotations
 
@@ -108,50 +115,102 @@ def _separate_av_latent(av_latent: dict) -> tuple[dict, dict]:
     return video, audio
 
 
+FAMILY = "minimax_h3"  # the `latent_family` entry of the files Weft writes
+EXTRA_TENSOR_PREFIX = "latent."  # a LATENT tensor without a ComfyUI file name is stored as latent.<key>
+# The channel layout of each H3 stream: (dimensions, channels at axis 1, size of axis 2 or None).
+_H3_LAYOUT = {"samples": (5, 24, None), "audio_samples": (4, 32, 2)}
+
+
+def _family_problem(latent: dict) -> str | None:
+    """Why `latent` is not an H3 latent (its streams' shapes), or None."""
+    for key, (dims, channels, lanes) in _H3_LAYOUT.items():
+        value = latent.get(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        shape = tuple(value.shape)
+        if value.dim() != dims or shape[1] != channels or (lanes is not None and shape[2] != lanes):
+            expected = ("[B, 24, T', H/16, W/16]" if key == "samples" else "[B, 32, 2, T_a]")
+            return (f"its {'video' if key == 'samples' else 'audio'} stream has shape {list(shape)}, while MiniMax "
+                    f"H3's is {expected}")
+    return None
+
+
 def _save_latent(samples: dict, filename_prefix: str, prompt: Any = None,
                  extra_pnginfo: Any = None) -> NodeOutput:
     latent = check_latent("SaveLatent", samples, need=())
     if not any(isinstance(latent.get(key), torch.Tensor) for key in ("samples", "audio_samples")):
         raise ValueError("SaveLatent: input 'samples' holds neither a video stream ('samples') nor an audio stream "
                          "('audio_samples')")
+    problem = _family_problem(latent)
+    if problem is not None:
+        raise ValueError(f"SaveLatent: input 'samples' is not a MiniMax H3 latent: {problem}")
     tensors = {FORMAT_MARKER: torch.tensor([])}
-    for key, file_key in TENSOR_KEYS.items():
-        value = latent.get(key)
+    fields: dict[str, Any] = {}
+    for key, value in latent.items():
         if isinstance(value, torch.Tensor):
-            tensors[file_key] = value.detach().contiguous().cpu()
+            tensors[TENSOR_KEYS.get(key, EXTRA_TENSOR_PREFIX + key)] = value.detach().contiguous().cpu()
+        elif value is not None:
+            try:
+                fields[key] = json.loads(json.dumps(value))
+            except (TypeError, ValueError):
+                raise ValueError(f"SaveLatent: input 'samples' has an entry {key!r} of type {type(value).__name__} "
+                                 f"that a latent file cannot hold (only tensors and plain numbers, text and lists)"
+                                 ) from None
+            if fields[key] != value:  # a tuple or a non-string key would come back changed
+                raise ValueError(f"SaveLatent: input 'samples' has an entry {key!r} ({value!r}) that would not "
+                                 f"load back equal; latent files hold plain numbers, text, lists and dicts")
     # Sorted keys: the same latent and prompt give the same file bytes.
     metadata = {k: json.dumps(v, sort_keys=True, default=str) for k, v in file_metadata(prompt, extra_pnginfo).items()}
-    for key in ("frame_rate", "length"):
-        if latent.get(key) is not None:
-            metadata[key] = json.dumps(latent[key])
+    for key in ("frame_rate", "length"):  # also as entries of their own, as files written before held them
+        if fields.get(key) is not None:
+            metadata[key] = json.dumps(fields[key])
+    metadata["latent_family"] = FAMILY
+    metadata["latent_fields"] = json.dumps(fields, sort_keys=True)
     path, filename, subfolder = output_target("output", filename_prefix, LATENT_EXTENSION[1:])
     atomic_write_bytes(path, serialize_safetensors(tensors, metadata))
     return NodeOutput.of(ui={"latents": [{"filename": filename, "subfolder": subfolder, "type": "output"}]})
 
 
-def read_latent_file(path, *, node: str = "LoadLatent") -> dict:
-    """A `.latent` file (safetensors) as an H3 LATENT value."""
+def read_latent_file(path, *, node: str = "LoadLatent", name: str = "latent") -> dict:
+    """A `.latent` file (safetensors) as an H3 LATENT value; refuses another model family's latent."""
     from safetensors import safe_open
 
+    where = f"{node}: input '{name}': {path.name}"
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = dict(handle.metadata() or {})
         tensors = load_file(str(path), device="cpu")
     except Exception as exc:  # not safetensors: a pickle-era file or a damaged one
-        raise ValueError(f"{node}: {path.name} is not a safetensors latent file ({exc})") from None
+        raise ValueError(f"{where} is not a safetensors latent file ({exc})") from None
     if "latent_tensor" not in tensors and "audio_latent_tensor" not in tensors:
-        raise ValueError(f"{node}: {path.name} holds no 'latent_tensor' or 'audio_latent_tensor' "
+        raise ValueError(f"{where} holds no 'latent_tensor' or 'audio_latent_tensor' "
                          f"(found {', '.join(sorted(tensors)[:6]) or 'no tensors'})")
+    family = metadata.get("latent_family")
+    if family is not None and family != FAMILY:
+        raise ValueError(f"{where} holds a latent of the {family!r} model family; Weft's models (MiniMax H3) "
+                         f"cannot decode or continue it. Save the latent again from an H3 workflow.")
     latent: dict[str, Any] = {}
-    for key, file_key in TENSOR_KEYS.items():
-        if file_key in tensors:
-            latent[key] = tensors[file_key]
-    for key in ("frame_rate", "length"):
-        if key in metadata:
-            try:
-                latent[key] = json.loads(metadata[key])
-            except json.JSONDecodeError:
-                raise ValueError(f"{node}: {path.name} has an unreadable {key!r} entry: {metadata[key]!r}") from None
+    by_file_key = {file_key: key for key, file_key in TENSOR_KEYS.items()}
+    for file_key, tensor in tensors.items():
+        if file_key in by_file_key:
+            latent[by_file_key[file_key]] = tensor
+        elif file_key.startswith(EXTRA_TENSOR_PREFIX):
+            latent[file_key[len(EXTRA_TENSOR_PREFIX):]] = tensor
+    problem = _family_problem(latent)
+    if problem is not None:
+        raise ValueError(f"{where} holds a latent of another model family: {problem}. Weft's models (MiniMax H3) "
+                         f"cannot decode or continue it.")
+    try:
+        if "latent_fields" in metadata:
+            fields = json.loads(metadata["latent_fields"])
+            if not isinstance(fields, dict):
+                raise ValueError("not a JSON object")
+        else:  # written before the fields were stored together: frame_rate and length only
+            fields = {key: json.loads(metadata[key]) for key in ("frame_rate", "length") if key in metadata}
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"{where} has unreadable latent metadata ({exc}); save the latent again") from None
+    for key, value in fields.items():
+        latent.setdefault(key, value)
     return latent
 
 

@@ -251,3 +251,22 @@ def test_run_prints_a_warning_line_for_a_faulty_sound(tmp_path):
     report = run_cli("run", path, "--base-directory", tmp_path, "--json")
     (entry,) = json.loads(report.stdout.strip().splitlines()[-1])["outputs"]["2"]["audio_health"]
     assert entry["file"] == "take_00002_.flac" and not entry["healthy"]
+
+
+def test_several_workflows_run_in_one_process_and_the_later_ones_reuse_the_earlier_results(tmp_path):
+    done = run_cli("run", "workflows/default.json", "workflows/default.json", "--base-directory", tmp_path, "--json",
+                   "--profile-json", tmp_path / "profiles.json")
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert first["status"] == second["status"] == "success" and first["prompt_id"] != second["prompt_id"]
+    assert not any(row["cached"] for row in first["profile"].values())
+    assert all(row["cached"] for row in second["profile"].values())  # nothing changed: all of it from the cache
+    assert json.loads((tmp_path / "profiles.json").read_text()) == [first["profile"], second["profile"]]
+
+
+def test_several_workflows_stop_at_the_first_that_cannot_run(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"1": {"class_type": "NoSuchNode", "inputs": {}}}))
+    done = run_cli("run", "workflows/default.json", broken, "workflows/default.json", "--base-directory", tmp_path)
+    assert done.returncode == 2
+    assert done.stdout.count("wall ms") == 1 and "NoSuchNode" in done.stderr
