@@ -12,6 +12,7 @@ BUILTIN_PACKS = (
     "nodes.media",
     "nodes.loops",
     "nodes.loaders",
+    "nodes.gguf_loaders",
     "nodes.latent",
     "nodes.conditioning",
     "nodes.sampling",
