@@ -62,7 +62,7 @@ def _half(fields: torch.Tensor) -> torch.Tensor:
 
 def _unpack(packed: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
     """(n, g, width) bytes -> (n, g, len(shifts), width) codes, each stripe shifted then masked."""
-    return (packed.unsqueeze(-2) >> _shifts(shifts, packed.device)) & mask
+    return (packed.unsqueeze(-2) >> _shifts(shifts, packed.device)).bitwise_and_(mask)
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def _bits(packed: torch.Tensor) -> torch.Tensor:
 
 def _bits_of_words(packed: torch.Tensor) -> torch.Tensor:
     """(n, 4) bytes of one little-endian 32-bit word per block -> (n, 32) bits, bit i at value i."""
-    bits = (packed.unsqueeze(-1) >> _shifts((0, 1, 2, 3, 4, 5, 6, 7), packed.device).view(1, 1, 8)) & 0x01
+    bits = (packed.unsqueeze(-1) >> _shifts((0, 1, 2, 3, 4, 5, 6, 7), packed.device).view(1, 1, 8)).bitwise_and_(1)
     return bits.reshape(packed.shape[0], 32)
 
 
@@ -85,33 +85,33 @@ def _bits_of_words(packed: torch.Tensor) -> torch.Tensor:
 
 def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
     d = _half(blocks[:, :2])
-    return blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32) * d
+    return blocks[:, 2:].view(torch.int8).to(torch.float32).mul_(d)
 
 
 def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
     d = _half(blocks[:, :2])
-    q = _nibbles(blocks[:, 2:].unsqueeze(1)).to(torch.int8) - 8
-    return d * q.to(torch.float32)
+    q = _nibbles(blocks[:, 2:].unsqueeze(1)).view(torch.int8).sub_(8)
+    return q.to(torch.float32).mul_(d)
 
 
 def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
     d, m = _half(blocks[:, :2]), _half(blocks[:, 2:4])
     q = _nibbles(blocks[:, 4:].unsqueeze(1)).to(torch.float32)
-    return d * q + m
+    return q.mul_(d).add_(m)
 
 
 def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
     d = _half(blocks[:, :2])
     high = _bits_of_words(blocks[:, 2:6])
-    q = (_nibbles(blocks[:, 6:].unsqueeze(1)) | (high << 4)).to(torch.int8) - 16
-    return d * q.to(torch.float32)
+    q = _nibbles(blocks[:, 6:].unsqueeze(1)).bitwise_or_(high << 4).view(torch.int8).sub_(16)
+    return q.to(torch.float32).mul_(d)
 
 
 def _q5_1(blocks: torch.Tensor) -> torch.Tensor:
     d, m = _half(blocks[:, :2]), _half(blocks[:, 2:4])
     high = _bits_of_words(blocks[:, 4:8])
-    q = (_nibbles(blocks[:, 8:].unsqueeze(1)) | (high << 4)).to(torch.float32)
-    return d * q + m
+    q = _nibbles(blocks[:, 8:].unsqueeze(1)).bitwise_or_(high << 4).to(torch.float32)
+    return q.mul_(d).add_(m)
 
 
 # -- 256-value K types ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
     dl = (d * (scales & 0x0F).to(torch.float32)).view(n, 16, 1)
     ml = (dmin * (scales >> 4).to(torch.float32)).view(n, 16, 1)
     q = _unpack(qs.view(n, 2, 32), (0, 2, 4, 6), 0x03).reshape(n, 16, 16).to(torch.float32)
-    return (dl * q - ml).view(n, QK_K)
+    return q.mul_(dl).sub_(ml).view(n, QK_K)
 
 
 def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -151,8 +151,8 @@ def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
     q_low = _unpack(qs.view(n, 2, 32), (0, 2, 4, 6), 0x03).reshape(n, 16, 16)
     # The value is offset by -4 where the high bit is clear.
     q_high = _unpack(hmask.view(n, 1, 32), (0, 1, 2, 3, 4, 5, 6, 7), 0x01).reshape(n, 16, 16) ^ 1
-    q = (q_low.to(torch.int8) - (q_high << 2).to(torch.int8)).to(torch.float32)
-    return (dl * q).view(n, QK_K)
+    q = q_low.view(torch.int8).sub_(q_high.bitwise_left_shift_(2).view(torch.int8)).to(torch.float32)
+    return q.mul_(dl).view(n, QK_K)
 
 
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -162,7 +162,7 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     dl = (d * scales.to(torch.float32)).view(n, 8, 1)
     ml = (dmin * mins.to(torch.float32)).view(n, 8, 1)
     q = _nibbles(blocks[:, 16:].view(n, 4, 32)).view(n, 8, 32).to(torch.float32)
-    return (dl * q - ml).view(n, QK_K)
+    return q.mul_(dl).sub_(ml).view(n, QK_K)
 
 
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -172,8 +172,8 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     dl = (d * scales.to(torch.float32)).view(n, 8, 1)
     ml = (dmin * mins.to(torch.float32)).view(n, 8, 1)
     high = _bits(blocks[:, 16:48].view(n, 1, 32)).view(n, 8, 32)
-    q = (_nibbles(blocks[:, 48:].view(n, 4, 32)).view(n, 8, 32) | (high << 4)).to(torch.float32)
-    return (dl * q - ml).view(n, QK_K)
+    q = _nibbles(blocks[:, 48:].view(n, 4, 32)).view(n, 8, 32).bitwise_or_(high.bitwise_left_shift_(4))
+    return q.to(torch.float32).mul_(dl).sub_(ml).view(n, QK_K)
 
 
 def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -184,8 +184,8 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     dl = (d * scales).view(n, 16, 1)
     low = _unpack(ql.view(n, 2, 64), (0, 4), 0x0F).reshape(n, 8, 32)
     high = _unpack(qh.view(n, 2, 32), (0, 2, 4, 6), 0x03).reshape(n, 8, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).view(n, 16, 16).to(torch.float32)
-    return (dl * q).view(n, QK_K)
+    q = low.bitwise_or_(high.bitwise_left_shift_(4)).view(torch.int8).sub_(32).view(n, 16, 16).to(torch.float32)
+    return q.mul_(dl).view(n, QK_K)
 
 
 _BLOCK_DECODERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
