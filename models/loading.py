@@ -201,8 +201,13 @@ def _parse_header(path: str, text: bytes) -> Header:
 
 
 def load_state_dict(path: str, *, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors or GGUF file (all, or `keys`), read one by one. Refuses pickle files."""
+    """Tensors of a safetensors or GGUF file (all, or `keys`), read one by one. Refuses pickle files.
+
+    A GGUF file's block-typed tensors come decoded, as float32 values of their shape.
+    """
     header = read_header(path)
+    if header.gguf is not None:
+        return {key: header.gguf.dequantized(key) for key in (keys if keys is not None else header.gguf.tensors)}
     out = {}
     with open_tensors(header) as f:
         for key in (keys if keys is not None else f.keys()):

@@ -26,7 +26,7 @@ from models import memory  # noqa: E402
 from models.adapters import load_adapter  # noqa: E402
 from models.h3 import transformer  # noqa: E402
 from models.h3.tiny_released import PRUNED_TINY_CONFIG, build_pruned_transformer  # noqa: E402
-from models.loading import load_model, read_header  # noqa: E402
+from models.loading import load_model, load_state_dict, read_header  # noqa: E402
 from models.ops import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from models.patcher import ModelHandle  # noqa: E402
 from tests.models.adapters.helpers import assert_unchanged, rand, snapshot, write_adapter  # noqa: E402
@@ -121,6 +121,24 @@ def test_gguf_dit_gives_the_float_dits_velocities(tmp_path, block_type, toleranc
     for a, b, c in zip(ours, same_weights, original):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item())
         assert (a - c).abs().max() <= tolerance * c.abs().max()
+
+
+def test_full_gguf_dit_with_its_time_embedder_reads_like_its_float_file(tmp_path):
+    from models.h3.make_tiny import build_tiny
+    state = {k: v.contiguous() for k, v in build_tiny("transformer").state_dict().items()}
+    path = tmp_path / "full-Q8_0.gguf"
+    write_with_gguf_package(path, state, "Q8_0")
+    loaded = load_model(str(path))
+    assert loaded.config.adaln_curve_points is None
+    assert isinstance(loaded.model.blocks[0].mlp.fc1, QuantizedLinear)
+    with torch.no_grad():
+        ours = loaded.model(*_inputs())
+        original = _float_model(loaded.config, state)(*_inputs())
+    for a, c in zip(ours, original):
+        assert (a - c).abs().max() <= 3e-2 * c.abs().max()
+    decoded = load_state_dict(str(path))
+    assert decoded["blocks.0.mlp.fc1.weight"].dtype == torch.float32
+    assert decoded["blocks.0.mlp.fc1.weight"].shape == state["blocks.0.mlp.fc1.weight"].shape
 
 
 def test_gguf_dit_under_the_comfyui_prefix_with_bfloat16_norms_reads_the_same(tmp_path):
