@@ -10,7 +10,9 @@ Stated errors against the float model (largest difference over the output's larg
 3e-2 for the DiT's velocities and the encoder's conditioning (measured 1.0e-2 / 1.1e-2 for video /
 audio and 1.5e-2 for the conditioning), the Q4_0 / Q4_1 / Q5_0 / Q5_1 mix 2.5e-1 (measured 1.5e-1 /
 8e-2: 4-bit codes through random tiny weights, which amplify more than trained ones). Against the
-float model of its own dequantized weights the GGUF model is exact (the same arithmetic; 1e-5).
+float model of its own dequantized weights the GGUF model is exact (the same arithmetic; 1e-5). The K
+types, which the gguf package cannot write in numpy, load from random valid blocks on a DiT widened to
+256 and are checked against that exact reference and the package's decoded weights.
 """
 import dataclasses
 import functools
@@ -279,3 +281,59 @@ def test_an_unread_ggml_type_is_refused_naming_the_tensor(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match=r"iq\.gguf: tensor 'blocks\.0\.mlp\.fc1\.weight' has ggml type 16"):
         read_header(str(path))
+
+
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+K_HALF_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def _random_k_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """uint8 rows of random valid `type_name` blocks with small float16 super-block scales."""
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    blocks = rng.integers(0, 256, size=(rows * cols // block_values, block_bytes), dtype=np.uint8)
+    for offset in K_HALF_FIELDS[type_name]:
+        halves = (np.abs(rng.standard_normal(blocks.shape[0])) * 2e-4).astype(np.float16)
+        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def test_every_k_type_loads_as_a_layer_that_computes_with_the_gguf_packages_decoded_weights(tmp_path):
+    # The tiny DiT widened to 256, so that its rows are whole 256-value K blocks; the K-typed weights are
+    # random valid blocks (the gguf package writes no K type in numpy).
+    config = dataclasses.replace(transformer.TINY_CONFIG, hidden_size=256, head_dim=128, ffn_size=256, text_dim=256,
+                                 time_hidden_size=256)
+    from models.h3.make_tiny import _init_weights
+    float_model = transformer.H3Transformer(config)
+    _init_weights(float_model, 5)
+    rng = np.random.default_rng(5)
+    path = tmp_path / "k_types.gguf"
+    writer = gguf.GGUFWriter(str(path), "minimax_h3")
+    expected, index = {}, 0
+    for key, value in float_model.state_dict().items():
+        value = value.detach().float().contiguous()
+        if key.endswith(".weight") and value.dim() == 2 and value.shape[1] % 256 == 0 and key.startswith("blocks."):
+            type_name = K_TYPES[index % len(K_TYPES)]
+            index += 1
+            qtype = gguf.GGMLQuantizationType[type_name]
+            packed = _random_k_blocks(type_name, *value.shape, rng)
+            writer.add_tensor(key, packed, raw_dtype=qtype)
+            expected[key] = (type_name, torch.from_numpy(gguf.quants.dequantize(packed, qtype)))
+        else:
+            writer.add_tensor(key, value.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert {t for t, _ in expected.values()} == set(K_TYPES)
+    model = load_model(str(path)).model
+    for key, (type_name, values) in expected.items():
+        layer = model.get_submodule(key[:-len(".weight")])
+        assert isinstance(layer, QuantizedLinear) and layer.stored_format.type_name == type_name
+        assert torch.equal(layer.dequantized_weight(torch.float32), values)
+    with torch.no_grad():
+        inputs = (torch.randn(1, 24, 2, 4, 4), torch.randn(1, 32, 2, 5), torch.randn(1, 3, 256), 0.7, 0.6)
+        ours = model(*inputs)
+        reference = _float_model(model.config, _dequantized_state(model))(*inputs)
+    for a, b in zip(ours, reference):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item())
