@@ -321,6 +321,10 @@ def detect(header: Header) -> tuple[str, str]:
                 if _stores_weight(names, prefix + second) and (not prefix or prefix.endswith(".")):
                     return kind, prefix
     sample = ", ".join(sorted(header.tensors)[:6]) or "no tensors"
+    if header.gguf is not None and any(key.startswith(("blk.", "token_embd.")) for key in header.tensors):
+        raise ValueError(f"{os.path.basename(header.path)} is a GGUF file with llama.cpp's tensor names (blk.N...); "
+                         "Weft reads GGUF conversions that keep the checkpoint's own names (as the H3 GGUF files "
+                         "made for ComfyUI and stable-diffusion.cpp do)")
     raise ValueError(f"{os.path.basename(header.path)}: unknown architecture (first keys: {sample}); "
                      f"supported: {SUPPORTED_TEXT}")
 

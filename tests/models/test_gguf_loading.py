@@ -337,3 +337,11 @@ def test_every_k_type_loads_as_a_layer_that_computes_with_the_gguf_packages_deco
     for a, b in zip(ours, reference):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item())
+
+
+def test_a_llama_cpp_named_encoder_is_refused_saying_which_names_are_read(tmp_path):
+    from models.gguf import write_gguf
+    path = tmp_path / "llama_names.gguf"
+    write_gguf(path, {"token_embd.weight": ("Q8_0", torch.randn(8, 64)), "blk.0.attn_q.weight": ("F16", torch.randn(4, 4))})
+    with pytest.raises(ValueError, match=r"llama_names\.gguf is a GGUF file with llama\.cpp's tensor names"):
+        load_model(str(path))
