@@ -13,6 +13,10 @@ MODEL_FOLDERS = (
     "model_patches",
 )
 MODEL_EXTENSIONS = (".safetensors", ".sft")
+GGUF_EXTENSIONS = (".gguf",)
+# Older folder names ComfyUI still searches for the same kind: models/unet holds diffusion models and
+# models/clip text encoders (files there are listed and found with those of the current folder).
+LEGACY_MODEL_FOLDERS = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
 
 
 class UnsafePathError(ValueError):
@@ -117,16 +121,17 @@ class Paths:
         raise UnsafePathError(f"unknown folder type {kind!r}; expected input, output or temp")
 
     def model_dirs(self, folder: str) -> list[Path]:
-        return [self.models / folder, *self.extra_model_dirs.get(folder, [])]
+        legacy = [self.models / name for name in LEGACY_MODEL_FOLDERS.get(folder, ())]
+        return [self.models / folder, *legacy, *self.extra_model_dirs.get(folder, [])]
 
-    def list_models(self, folder: str) -> list[str]:
-        """Model files in `models/<folder>` (recursively), as relative names with '/'."""
+    def list_models(self, folder: str, suffixes: tuple[str, ...] = MODEL_EXTENSIONS) -> list[str]:
+        """Model files in `models/<folder>` (recursively) whose suffix is one of `suffixes`, as relative names with '/'."""
         names: set[str] = set()
         for root in self.model_dirs(folder):
             if not root.is_dir():
                 continue
             for path in root.rglob("*"):
-                if path.is_file() and path.suffix.lower() in MODEL_EXTENSIONS:
+                if path.is_file() and path.suffix.lower() in suffixes:
                     names.add(path.relative_to(root).as_posix())
         return sorted(names)
 

@@ -20,6 +20,10 @@ The formats (storage for a logical weight of shape (N, K)):
                    `tensor_scale` a float32 scalar; W = value(code) * (tensor_scale * block_scale).
   mxfp8            float8-e4m3 codes (N, K); `scale` E8M0 exponents (uint8), one per 32 columns, in
                    the 128x4 swizzled layout; W = codes * 2^(e - 127), e = 0 meaning zero.
+  gguf_*           the GGUF block types (Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, Q3_K, Q2_K):
+                   the file's bytes as uint8 rows (N, K / block values * block bytes), scales
+                   inside the blocks (`scale` is unused); decoded by kernels/gguf_blocks.py, which
+                   agrees with the `gguf` package's numpy reference bit for bit.
 nvfp4 and mxfp8 storage may be padded (rows and columns to 16 or 32); dequantize crops to `shape`.
 The arithmetic order of every decode matches comfy-kitchen's eager reference, so dequantized
 weights agree with it bit for bit (tests/kernels/test_quantized.py).
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.gguf_blocks import decode_blocks
+
 
 class WeightFormat(enum.Enum):
     """The stored formats; the value is the `format` string of a layer's quantization marker."""
@@ -41,6 +47,26 @@ class WeightFormat(enum.Enum):
     FLOAT8_E5M2 = "float8_e5m2"
     NVFP4 = "nvfp4"
     MXFP8 = "mxfp8"
+    # GGUF block types (kernels/gguf_blocks.py). Their layers are marked by the GGUF file's tensor
+    # types, never by a `.comfy_quant` marker; the value names the ggml type after the prefix.
+    GGUF_Q8_0 = "gguf_q8_0"
+    GGUF_Q6_K = "gguf_q6_k"
+    GGUF_Q5_K = "gguf_q5_k"
+    GGUF_Q5_1 = "gguf_q5_1"
+    GGUF_Q5_0 = "gguf_q5_0"
+    GGUF_Q4_K = "gguf_q4_k"
+    GGUF_Q4_1 = "gguf_q4_1"
+    GGUF_Q4_0 = "gguf_q4_0"
+    GGUF_Q3_K = "gguf_q3_k"
+    GGUF_Q2_K = "gguf_q2_k"
+
+    @property
+    def gguf_type(self) -> str | None:
+        """The ggml type name of a GGUF block format ("Q4_K"), None for the other formats."""
+        return self.value[len(GGUF_PREFIX):].upper() if self.value.startswith(GGUF_PREFIX) else None
+
+
+GGUF_PREFIX = "gguf_"
 
 
 FLOAT8_FORMATS = {WeightFormat.FLOAT8_E4M3: torch.float8_e4m3fn, WeightFormat.FLOAT8_E5M2: torch.float8_e5m2}
@@ -209,15 +235,23 @@ def dequantize_mxfp8(weight: QuantizedWeight) -> torch.Tensor:
     return (weight.data.to(torch.float32).view(rows, -1, MXFP8_BLOCK) * blocks.unsqueeze(-1)).view(rows, cols)
 
 
+def dequantize_gguf(weight: QuantizedWeight) -> torch.Tensor:
+    """float32 values of rows of GGUF blocks (N, bytes per row) -> (N, K), decoded on the bytes' device."""
+    return decode_blocks(weight.format.gguf_type, weight.data)
+
+
 # The decoder of each stored arithmetic (float32, possibly padded); QuantizedWeight.dequantize crops.
 DECODERS = {WeightFormat.INT8: dequantize_int8, WeightFormat.FLOAT8_E4M3: dequantize_float8,
             WeightFormat.FLOAT8_E5M2: dequantize_float8, WeightFormat.NVFP4: dequantize_nvfp4,
-            WeightFormat.MXFP8: dequantize_mxfp8}
+            WeightFormat.MXFP8: dequantize_mxfp8,
+            **{fmt: dequantize_gguf for fmt in WeightFormat if fmt.gguf_type is not None}}
 
 
 def embedding_rows(ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """Rows `ids` of a quantized embedding table, gathered first and dequantized alone: (*ids.shape, dim)."""
     fmt = weight.format
+    if fmt.gguf_type is not None:  # GGUF rows are whole blocks: gather the rows' bytes, decode only those
+        return decode_blocks(fmt.gguf_type, weight.data[ids])[..., :weight.shape[1]].to(dtype)
     if fmt not in (WeightFormat.INT8, *FLOAT8_FORMATS):
         raise ValueError(f"embedding tables are read in int8_tensorwise or float8 only, not {fmt.value}")
     rows = weight.data[ids].to(torch.float32)

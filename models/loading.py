@@ -1,8 +1,10 @@
 """Safetensors loading, checkpoint detection by keys, and config recovery from tensor shapes.
 
-Only `.safetensors` files are read (never pickle). Headers are read without loading tensors; weights
-are read one by one through `safe_open` (memory-mapped) into a model built on the meta device, so a
-large checkpoint never exists twice in memory. Every expected tensor's shape is checked and a mismatch
+Only `.safetensors` and GGUF files are read (never pickle). Headers are read without loading tensors; weights
+are read one by one (`safe_open`, memory-mapped; models/gguf.py for GGUF) into a model built on the meta
+device, so a large checkpoint never exists twice in memory. A GGUF file's block-typed 2-D weights become
+quantized layers of its block type (models/quant/formats/gguf.py); its names are detected like a
+safetensors file's. Every expected tensor's shape is checked and a mismatch
 names the key. Refusals say what was found and what is supported.
 
 Architectures (detected by keys, optionally under a prefix such as `model.diffusion_model.`):
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from models import gguf as gguf_files
 from models.ops import QuantizedEmbedding, QuantizedLinear
 from models.quant.formats import EMBEDDABLE_FORMATS, STORED_DTYPES, SUPPORTED_FORMATS
 from models.quant.markers import QuantPlan, read_plan
@@ -51,7 +54,8 @@ SUPPORTED_TEXT = ("H3 transformer (video_patch_proj + audio_patch_proj), H3 vide
                   "H3 text encoder, Qwen3-VL text encoder, H3 Fun ControlNet patch; as .safetensors in float32, float16, "
                   "bfloat16, unscaled "
                   "float8, or with layers quantized in ComfyUI's formats (int8_tensorwise with or without convrot, nvfp4, float8 with "
-                  "scales, mxfp8)")
+                  "scales, mxfp8); or as .gguf with F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, Q3_K "
+                  "or Q2_K tensors")
 # Checkpoint entries that are recomputed, not loaded (deterministic buffers some exports include).
 IGNORED_KEYS = {
     # A pruned H3 DiT may carry the affine of its pruning (read apart by _curve_affine, for adapters).
@@ -70,10 +74,55 @@ class TensorInfo:
 
 @dataclass
 class Header:
-    """A safetensors header: metadata and tensor entries, read without loading data."""
+    """A model file's header (safetensors, or GGUF read as one): metadata and tensor entries, without data.
+
+    For a GGUF file `gguf` holds its entries; `tensors` lists block-stored layer weights as "U8"
+    (rows, bytes per row) and every other tensor as the float values it loads as.
+    """
     path: str
     metadata: dict[str, str]
     tensors: dict[str, TensorInfo]
+    gguf: gguf_files.GgufFile | None = None
+
+
+class _GgufTensors:
+    """A GGUF file's tensors as a safetensors handle gives them: block layer weights as bytes, the rest as floats."""
+
+    def __init__(self, gguf: gguf_files.GgufFile) -> None:
+        self.gguf = gguf
+        self.block_weights = gguf_files.block_layers(gguf)
+
+    def __enter__(self) -> "_GgufTensors":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def keys(self) -> list[str]:
+        return list(self.gguf.tensors)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self.gguf.tensor(key) if key in self.block_weights else self.gguf.dequantized(key)
+
+
+def open_tensors(header: Header):
+    """A context manager whose `get_tensor(key)` reads one tensor of the file `header` describes."""
+    if header.gguf is not None:
+        return _GgufTensors(header.gguf)
+    from safetensors import safe_open
+    return safe_open(header.path, framework="pt", device="cpu")
+
+
+def _gguf_header(path: str) -> Header:
+    gguf = gguf_files.read_gguf(path)
+    blocks = gguf_files.block_layers(gguf)
+    tensors = {}
+    for key, entry in gguf.tensors.items():
+        if key in blocks:
+            tensors[key] = TensorInfo("U8", entry.stored_shape)
+        else:  # floats as stored; a block-typed tensor that is not a layer weight loads decoded to float32
+            tensors[key] = TensorInfo(entry.type_name if not entry.quantized else "F32", entry.shape)
+    return Header(path, gguf.text_metadata(), tensors, gguf)
 
 
 @dataclass
@@ -98,8 +147,6 @@ def _refuse_non_safetensors(path: str) -> None:
     if head[:2] == b"PK" or head[:1] == b"\x80":
         raise ValueError(f"{name} is a pickle / PyTorch checkpoint ({'zip archive' if head[:2] == b'PK' else 'pickle stream'}); "
                          "Weft loads only .safetensors files, which cannot run code. Convert it to safetensors first.")
-    if head[:4] == b"GGUF":
-        raise ValueError(f"{name} is a GGUF file; Weft loads only .safetensors ({SUPPORTED_TEXT})")
     if len(head) < 8:
         raise ValueError(f"{name} is too short to be a safetensors file ({len(head)} bytes)")
     header_len = struct.unpack("<Q", head[:8])[0]
@@ -108,10 +155,12 @@ def _refuse_non_safetensors(path: str) -> None:
 
 
 def read_header(path: str) -> Header:
-    """The metadata and tensor entries (dtype, shape) of a safetensors file, without reading tensor data."""
+    """The metadata and tensor entries (dtype, shape) of a safetensors or GGUF file, without reading tensor data."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
+    if gguf_files.is_gguf(path):
+        return _gguf_header(path)
     _refuse_non_safetensors(path)
     with open(path, "rb") as f:
         header_len = struct.unpack("<Q", f.read(8))[0]
@@ -154,11 +203,15 @@ def _parse_header(path: str, text: bytes) -> Header:
 
 
 def load_state_dict(path: str, *, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file (all, or `keys`), read through safe_open. Refuses pickle files."""
-    from safetensors import safe_open
-    read_header(path)
+    """Tensors of a safetensors or GGUF file (all, or `keys`), read one by one. Refuses pickle files.
+
+    A GGUF file's block-typed tensors come decoded, as float32 values of their shape.
+    """
+    header = read_header(path)
+    if header.gguf is not None:
+        return {key: header.gguf.dequantized(key) for key in (keys if keys is not None else header.gguf.tensors)}
     out = {}
-    with safe_open(path, framework="pt", device="cpu") as f:
+    with open_tensors(header) as f:
         for key in (keys if keys is not None else f.keys()):
             out[key] = f.get_tensor(key)
     return out
@@ -270,6 +323,10 @@ def detect(header: Header) -> tuple[str, str]:
                 if _stores_weight(names, prefix + second) and (not prefix or prefix.endswith(".")):
                     return kind, prefix
     sample = ", ".join(sorted(header.tensors)[:6]) or "no tensors"
+    if header.gguf is not None and any(key.startswith(("blk.", "token_embd.")) for key in header.tensors):
+        raise ValueError(f"{os.path.basename(header.path)} is a GGUF file with llama.cpp's tensor names (blk.N...); "
+                         "Weft reads GGUF conversions that keep the checkpoint's own names (as the H3 GGUF files "
+                         "made for ComfyUI and stable-diffusion.cpp do)")
     raise ValueError(f"{os.path.basename(header.path)}: unknown architecture (first keys: {sample}); "
                      f"supported: {SUPPORTED_TEXT}")
 
@@ -546,7 +603,6 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     "interleaved" (a file merged by hand from the MiniMaxAI shards); default: the file's `qkv_layout`
     metadata, else "stacked".
     """
-    from safetensors import safe_open
     header = read_header(path)
     name = os.path.basename(header.path)
     kind, prefix = detect(header)
@@ -560,8 +616,11 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
                              "is needed here")
     names = canonical_keys(header.tensors)
     file_keys = {k[len(prefix):]: v for k, v in names.items() if k.startswith(prefix)}
-    with safe_open(header.path, framework="pt", device="cpu") as f:
-        plan = read_plan(list(header.tensors), prefix, header.metadata, f.get_tensor, name)
+    if header.gguf is not None:  # layers are marked by the file's tensor types
+        plan = gguf_files.quant_plan(header.gguf, prefix, lambda key: next(iter(canonical_keys([key]))))
+    else:
+        with open_tensors(header) as f:
+            plan = read_plan(list(header.tensors), prefix, header.metadata, f.get_tensor, name)
     # Quantized layers named in another spelling go by the model's names too.
     respelled = {layer: next(iter(canonical_keys([prefix + layer])))[len(prefix):] for layer in plan.layers}
     plan.layers = {respelled[layer]: quant for layer, quant in plan.layers.items()}
@@ -610,7 +669,7 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
                              f"for the recovered {kind} config")
 
     state = {}
-    with safe_open(header.path, framework="pt", device="cpu") as f:
+    with open_tensors(header) as f:
         for key in expected:
             if key in folded:
                 gain, direction = folded[key]

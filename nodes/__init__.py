@@ -13,6 +13,7 @@ BUILTIN_PACKS = (
     "nodes.audio_health",
     "nodes.loops",
     "nodes.loaders",
+    "nodes.gguf_loaders",
     "nodes.latent",
     "nodes.conditioning",
     "nodes.sampling",

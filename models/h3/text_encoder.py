@@ -16,6 +16,7 @@ from torch import nn
 
 from kernels.prologues import Prologue
 from models import ops
+from models.ops import input_dtype
 from models.h3.layers import attention, compute_device, rope_split_half
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -140,7 +141,7 @@ class TextEncoder(nn.Module):
         if not 0 <= layer <= cfg.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{cfg.num_layers}")
         device = compute_device(self)
-        dtype = self.layers[0].attn.qkv_proj.weight.dtype if cfg.num_layers else self.embed_tokens.weight.dtype
+        dtype = input_dtype(self.layers[0].attn.qkv_proj) if cfg.num_layers else input_dtype(self.embed_tokens)
         with torch.no_grad():
             seqs = [self._embed_pieces(self.tokenize(t, embeddings), device, dtype) for t in texts]
             length = max(s.shape[0] for s in seqs)

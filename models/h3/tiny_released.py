@@ -27,6 +27,12 @@ H3 templates load, each a tiny random model stored the way the released file sto
   modulation (`minimax_h3_fun_controlnet: adaln_basis`), block linears in int8 convrot, the float32 hint
   projection, float16 modulation and the rest bfloat16 (the released file's exact layout is not
   published; this follows the pruned DiT's).
+- `minimax_h3_fl2va_pruned-Q8_0.gguf` (diffusion_models/) and `qwen3vl_32b_minimax_h3-Q8_0.gguf`
+  (text_encoders/): the same pruned DiT and tiny Qwen3-VL as GGUF files in the layout of the released
+  GGUF conversions (models/gguf.py): original key names, every 2-D weight whose rows are whole
+  blocks in Q8_0, the DiT's float32 islands and every 1-D tensor in F32, the rest F16, the vision
+  tower's Conv3d weight with its shape in `comfy.gguf.orig_shape`. The released files also come in
+  K types (Q4_K, Q2_K_M, ...), which Weft reads but does not write.
 - `qwen3vl_32b_minimax_h3_nvfp4_awq`: a tiny Qwen3-VL (language model and vision tower) stored as the
   released encoder is: the language model's linears in nvfp4 (AWQ `pre_quant_scale` on o_proj and
   down_proj), the token table in int8, the vision tower in bfloat16, a few layers and no final norm;
@@ -274,6 +280,49 @@ def qwen3vl_bytes(seed: int = QWEN3VL_SEED) -> bytes:
     return save_safetensors(released_qwen3vl_tensors(model.state_dict(), seed), metadata=metadata)
 
 
+GGUF_TRANSFORMER = "minimax_h3_fl2va_pruned-Q8_0.gguf"
+GGUF_TEXT_ENCODER = "qwen3vl_32b_minimax_h3-Q8_0.gguf"
+
+
+def gguf_layout(state: dict[str, torch.Tensor], block_type: str = "Q8_0",
+                float32: tuple[str, ...] = ()) -> dict[str, tuple[str, torch.Tensor]]:
+    """A state dict as a released GGUF conversion stores it: {key: (ggml type, values)}.
+
+    2-D `.weight` tensors whose rows are whole 32-value blocks take `block_type`; keys starting
+    with one of `float32` and 1-D tensors take F32; the rest F16.
+    """
+    out = {}
+    for key, value in state.items():
+        value = value.detach().float().contiguous()
+        if key.endswith(".weight") and value.dim() == 2 and value.shape[1] % 32 == 0:
+            out[key] = (block_type, value)
+        elif value.dim() <= 1 or key.startswith(float32):
+            out[key] = ("F32", value)
+        else:
+            out[key] = ("F16", value)
+    return out
+
+
+def pruned_transformer_gguf_bytes(seed: int) -> bytes:
+    """The GGUF bytes of the tiny pruned DiT (see the module docstring)."""
+    from models.gguf import gguf_bytes
+    model = build_pruned_transformer(seed)
+    state = {k: v for k, v in model.state_dict().items()}
+    return gguf_bytes(gguf_layout(state, float32=transformer.FLOAT32_PREFIXES),
+                      _metadata("transformer", model.config, "pruned GGUF Q8_0"))
+
+
+def qwen3vl_gguf_bytes(seed: int = QWEN3VL_SEED) -> bytes:
+    """The GGUF bytes of the tiny Qwen3-VL (no final norm, as the released encoder files)."""
+    from models.gguf import gguf_bytes
+    from models.text.qwen3vl import DEEPSTACK_METADATA
+    model = build_tiny_qwen3vl(seed)
+    state = {k: v for k, v in model.state_dict().items() if k != "model.norm.weight"}
+    metadata = {**_metadata("qwen3vl", model.config, "GGUF Q8_0"),
+                DEEPSTACK_METADATA: json.dumps(list(model.config.vision.deepstack_layers))}
+    return gguf_bytes(gguf_layout(state), metadata)
+
+
 def write_released(models_dir: str | Path) -> dict[str, Path]:
     """Write every tiny released-format file under models_dir; returns {file name: path}."""
     root = Path(models_dir)
@@ -299,6 +348,8 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
     put("vae", VIDEO_VAE_FP16, video_vae_bytes(quantized=False))
     put("vae", AUDIO_VAE, audio_vae_bytes())
     put("text_encoders", TEXT_ENCODER, qwen3vl_bytes())
+    put("diffusion_models", GGUF_TRANSFORMER, pruned_transformer_gguf_bytes(TRANSFORMERS["minimax_h3_fl2va_pruned_int8_convrot.safetensors"]))
+    put("text_encoders", GGUF_TEXT_ENCODER, qwen3vl_gguf_bytes())
     from models.text.qwen_tokenizer import TOKENIZER_FOLDER, write_tiny_tokenizer
     written[TOKENIZER_FOLDER] = write_tiny_tokenizer(root / "text_encoders" / TOKENIZER_FOLDER)
     put("model_patches", FUN_CONTROL, fun_control_bytes())

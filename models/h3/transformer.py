@@ -29,6 +29,15 @@ from models.h3.layers import attention, rope_split_half
 from models.ops import input_dtype
 
 
+def island_dtype(layer: nn.Module) -> torch.dtype:
+    """The input dtype of a layer kept in float32 (patch projections, output heads, time embedding).
+
+    A float layer runs in its weight's dtype; a quantized one (a GGUF file may store these layers
+    in a block type) is fed float32, so it is dequantized to float32 and the island stays float32.
+    """
+    return torch.float32 if getattr(layer, "holds_quantized_weights", False) else layer.weight.dtype
+
+
 @dataclass
 class H3TransformerConfig:
     """Shape of an H3 transformer. Defaults are the released 33B model's."""
@@ -98,7 +107,7 @@ class TimestepEncoder(nn.Module):
         frequencies = _falling_frequencies(self.feature_dim // 2).to(t.device)
         phases = t.float()[:, None] * frequencies  # (M, feature_dim / 2)
         features = torch.cat([phases.cos(), phases.sin()], dim=-1)
-        hidden = F.silu(self.proj_in(features.to(self.proj_in.weight.dtype)))
+        hidden = F.silu(self.proj_in(features.to(island_dtype(self.proj_in))))
         return self.proj_out(hidden)
 
 
@@ -299,7 +308,7 @@ class OutputHeads(nn.Module):
         bank = active_options().get(HEAD_BANKS, {}).get(id(head))
         if bank is not None:
             return self._banked(head, bank, normed, stream)
-        return head(normed.to(head.weight.dtype)).float()
+        return head(normed.to(island_dtype(head))).float()
 
     def _banked(self, head: nn.Module, bank: dict, normed: torch.Tensor, stream: Role) -> torch.Tensor:
         """The head a PDD bank gives for the sampler step being taken (models/h3/pdd.py), applied to `normed`."""
@@ -422,7 +431,7 @@ class H3Transformer(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype activations flow in (that of the non-float32 weights)."""
-        return self.condition_proj.weight.dtype
+        return input_dtype(self.condition_proj)
 
     def refine_text(self, text: torch.Tensor) -> torch.Tensor:
         """The text rows the blocks attend to: the encoder's (L, text_dim) states, projected and refined."""
@@ -579,4 +588,4 @@ class H3Transformer(nn.Module):
 
     @staticmethod
     def _proj(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-        return layer(rows.to(layer.weight.dtype))
+        return layer(rows.to(island_dtype(layer)))

@@ -72,6 +72,9 @@ def quantize_state_dict(state: dict[str, torch.Tensor], layers: str | Iterable[s
     except (ValueError, KeyError):
         raise ValueError(f"cannot write weight format {fmt!r}; supported formats: "
                          f"{', '.join(SUPPORTED_FORMATS)}") from None
+    if not stored_format.marked:
+        raise ValueError(f"{stored_format.name} layers are written into .gguf files (models/gguf.py), not marked in "
+                         "a safetensors file")
     if marker_form not in MARKER_FORMS:
         raise ValueError(f"marker_form must be one of {MARKER_FORMS}, got {marker_form!r}")
     if marker_form == "legacy" and not stored_format.writes_legacy_form:

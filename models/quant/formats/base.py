@@ -75,6 +75,7 @@ class QuantFormat(ABC):
     embeddable = False              # whether an Embedding table may be stored in this format
     rotates = False                 # whether a marker may ask for a Hadamard rotation ("convrot")
     writes_legacy_form = False      # whether the writer may mark it in the legacy scaled_fp8 form
+    marked = True                   # whether a `.comfy_quant` marker names it (GGUF types are not marked)
 
     @property
     def name(self) -> str:
