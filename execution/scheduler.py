@@ -313,7 +313,7 @@ class _Job:
             raise RunFailure.node_raised(node, RuntimeError(blocker.message), gathered)
         else:
             called = Called([[blocker] for _ in spec.outputs])
-        self.profiler.ran(node, called.calls, wall0, cpu0)
+        self.profiler.ran(node, called.calls, wall0, cpu0, called.counts)
         if called.ui:
             self._record_ui(node, called.ui)
         if called.expansions:

@@ -27,12 +27,16 @@ from torch import nn
 from models.adapters.adapter import Adapter
 from models.adapters.base import WeightPatch
 from models.adapters.keys import MODEL
+from models import step_cache
 
 Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
 PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
 
 # Option of a diffusion-model handle: the block hooks (models/h3/transformer.py's BlockHook) its forward runs.
 BLOCK_HOOKS = "block_hooks"
+
+# Option of a diffusion-model handle: its step-skipping patch (models/step_cache.py's StepCacheSettings), at most one.
+STEP_CACHE = "step_cache"
 
 # Option of a handle: the torch.device its model runs on (SelectModelDevice, SelectCLIPDevice); absent: the default.
 PLACED_DEVICE = "device"
@@ -180,9 +184,15 @@ class ModelHandle:
             _active_options.reset(token)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model's forward with this handle's patches active."""
-        with self.active():
-            return self.model(*args, **kwargs)
+        """Run the model's forward with this handle's patches active (or, inside a sampler step an EasyCache
+        patch skips, reuse the last computed change instead: models/step_cache.py)."""
+        def forward() -> Any:
+            with self.active():
+                return self.model(*args, **kwargs)
+
+        if len(args) >= 2 and step_cache.running() is not None:
+            return step_cache.guarded_call(forward, args[0], args[1])
+        return forward()
 
     def _patched_params(self) -> dict[str, dict[str, list[tuple[Patch, float]]]]:
         """`{module name: {param name: entries}}` for every patched parameter, in application order."""

@@ -19,6 +19,7 @@ BUILTIN_PACKS = (
     "nodes.h3",
     "nodes.h3_control",
     "nodes.attention",
+    "nodes.step_cache",
     "nodes.devices",
 )
 
