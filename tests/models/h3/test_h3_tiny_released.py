@@ -38,6 +38,7 @@ def test_every_released_name_is_written(released):
         "loras/minimax_h3_fl2v_turbo_8step_v1.0_comfyui_bf16.safetensors",
         "loras/minimax_h3_ref2v_turbo_4step_v0.1_comfyui_bf16.safetensors",
         "model_patches/minimax_h3_fun_controlnet_union_pruned_int8_convrot.safetensors",
+        "vae_approx/taeh3.safetensors",
     }
     for path in released.rglob("*.safetensors"):
         assert read_header(path).metadata.get("weft_random_weights") == "true", path.name
