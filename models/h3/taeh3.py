@@ -112,20 +112,26 @@ class TAEH3Decoder(nn.Module):
         """Pixels per latent pixel along each side."""
         return 8 * self.config.patch
 
-    def decode_clip(self, latents: torch.Tensor) -> torch.Tensor:
-        """(B, C, k, h, w) latents of one clip, from its start -> (B, 4k - 3, 16h, 16w, 3) frames in [0, 1]."""
+    def decode_clip(self, latents: torch.Tensor, *, last_frame_only: bool = False) -> torch.Tensor:
+        """(B, C, k, h, w) latents of one clip, from its start -> (B, 4k - 3, 16h, 16w, 3) frames in [0, 1]
+        (with `last_frame_only`, (B, 1, 16h, 16w, 3): the layers after the last time grow see one frame
+        each, so they run on that frame alone)."""
         b, c, frames, h, w = latents.shape
         x = latents.permute(0, 2, 1, 3, 4).reshape(b * frames, c, h, w)
-        for layer in self.decoder:
+        last_grow = max(i for i, layer in enumerate(self.decoder) if isinstance(layer, TimeGrow))
+        for index, layer in enumerate(self.decoder):
             if isinstance(layer, MemoryBlock):
                 x = layer(x, frames)
-            else:
-                x = layer(x)
-                if isinstance(layer, TimeGrow):
-                    frames *= layer.stride
+                continue
+            x = layer(x)
+            if isinstance(layer, TimeGrow):
+                frames *= layer.stride
+            if index == last_grow and last_frame_only:
+                x = x.view(b, frames, *x.shape[1:])[:, -1]
+                frames = 1
         x = F.pixel_shuffle(x, self.config.patch).clamp_(0.0, 1.0)
-        x = x.view(b, frames, 3, x.shape[-2], x.shape[-1])[:, FRAMES_DROPPED:]
-        return x.permute(0, 1, 3, 4, 2)
+        x = x.view(b, frames, 3, x.shape[-2], x.shape[-1])
+        return (x if last_frame_only else x[:, FRAMES_DROPPED:]).permute(0, 1, 3, 4, 2)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, T', h, w) H3 video latents -> (B, frames, 16h, 16w, 3), clip by clip (17 frames per 5 latents)."""
@@ -139,7 +145,7 @@ class TAEH3Decoder(nn.Module):
     def frame_at(self, latents: torch.Tensor, index: int) -> torch.Tensor:
         """The last frame latent `index` stands for, decoded from the start of its clip: (16h, 16w, 3)."""
         start = index - index % CLIP_LATENTS
-        return self.decode_clip(latents[:1, :, start:index + 1])[0, -1]
+        return self.decode_clip(latents[:1, :, start:index + 1], last_frame_only=True)[0, -1]
 
 
 def config_from_state(state: dict[str, torch.Tensor]) -> TAEH3Config:
