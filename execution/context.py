@@ -71,7 +71,7 @@ class RunContext:
     """One node call's view of its job (a plain slotted class: one is made per node call)."""
 
     __slots__ = ("prompt_id", "node_id", "display_node_id", "paths", "emit", "is_interrupted", "runtime",
-                 "parent_node_id", "real_node_id", "extra_data")
+                 "parent_node_id", "real_node_id", "extra_data", "counts")
 
     def __init__(self, prompt_id: str, node_id: str, display_node_id: str, paths: Paths,
                  emit: Callable[[str, dict], None] = _drop, is_interrupted: Callable[[], bool] = _never,
@@ -87,6 +87,11 @@ class RunContext:
         self.parent_node_id = parent_node_id
         self.real_node_id = real_node_id
         self.extra_data = extra_data if extra_data is not None else {}  # the job's options (preview_method, ...)
+        self.counts: dict[str, float] = {}  # what the node counted (`count`), added to its profile row
+
+    def count(self, name: str, amount: float = 1) -> None:
+        """Add `amount` to the node's count `name`; the job's profile shows the counts on the node's row."""
+        self.counts[name] = self.counts.get(name, 0) + amount
 
     def check_interrupted(self) -> None:
         if self.is_interrupted():

@@ -21,7 +21,7 @@ from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 class Called:
     """A node's outputs gathered over its calls: per-output item lists, merged UI, expansions."""
 
-    __slots__ = ("outputs", "ui", "expansions", "calls")
+    __slots__ = ("outputs", "ui", "expansions", "calls", "counts")
 
     def __init__(self, outputs: list[list[Any]], ui: dict | None = None, expansions: list[dict] | None = None,
                  calls: int = 0) -> None:
@@ -29,6 +29,7 @@ class Called:
         self.ui = ui
         self.expansions = expansions
         self.calls = calls
+        self.counts: dict[str, float] | None = None  # what the node counted (RunContext.count), for its profile
 
 
 class NodeCaller:
@@ -134,6 +135,7 @@ class NodeCaller:
             invoked += 1
         called.calls = invoked
         called.ui = called.ui or None
+        called.counts = context.counts or None
         return called
 
     async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict,

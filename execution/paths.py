@@ -10,7 +10,7 @@ from typing import Any
 
 MODEL_FOLDERS = (
     "checkpoints", "diffusion_models", "vae", "text_encoders", "loras", "embeddings", "upscale_models",
-    "model_patches",
+    "model_patches", "vae_approx",
 )
 MODEL_EXTENSIONS = (".safetensors", ".sft")
 GGUF_EXTENSIONS = (".gguf",)

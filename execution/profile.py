@@ -31,28 +31,37 @@ class ProfileRows:
         self.cached = bytearray()
         self.numbers = array("d")  # NUMBERS per row, row after row
         self._summed: dict[str, int] = {}  # key of an added-up row -> its row index
+        self.counts: dict[int, dict[str, float]] = {}  # row index -> what its node counted (few rows have any)
 
-    def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> None:
-        """Record one node's row (numbers in NUMBERS order)."""
+    def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> int:
+        """Record one node's row (numbers in NUMBERS order); returns its index."""
         self.keys.append(key)
         self.class_types.append(class_type)
         self.display_nodes.append(display_node)
         self.cached.append(cached)
         self.numbers.extend(numbers)
+        return len(self.keys) - 1
 
-    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> None:
-        """Add a run of an ephemeral node to its row under `key`."""
+    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> int:
+        """Add a run of an ephemeral node to its row under `key`; returns the row's index."""
         index = self._summed.get(key)
         if index is None:
             self._summed[key] = len(self.keys)
-            self.add(key, class_type, display_node, False, *numbers)
-            return
+            return self.add(key, class_type, display_node, False, *numbers)
         base = index * len(self.NUMBERS)
         for offset, value in enumerate(numbers):
             self.numbers[base + offset] += value
+        return index
+
+    def add_counts(self, index: int, counts: dict[str, float]) -> None:
+        """Add a node's own counts (RunContext.count) to row `index` (summed over an added-up row's runs)."""
+        row = self.counts.setdefault(index, {})
+        for name, amount in counts.items():
+            row[name] = row.get(name, 0) + amount
 
     def as_dicts(self) -> dict[str, dict]:
-        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs}."""
+        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs}, plus
+        `counts` ({name: number}) on the rows of nodes that counted something (a sampler's skipped steps)."""
         width = len(self.NUMBERS)
         rows = {}
         for index, key in enumerate(self.keys):
@@ -65,6 +74,8 @@ class ProfileRows:
             for offset, name in enumerate(self.NUMBERS):
                 value = self.numbers[index * width + offset]
                 row[name] = value if name.endswith("_ms") else int(value)
+            if index in self.counts:
+                row["counts"] = dict(self.counts[index])
             rows[key] = row
         return rows
 
@@ -84,8 +95,9 @@ class Profiler:
         if node.parent is None:
             self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
 
-    def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float) -> None:
-        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time)."""
+    def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float,
+            counts: dict[str, float] | None = None) -> None:
+        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time), counting `counts`."""
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -93,10 +105,13 @@ class Profiler:
         growth = max(0, peak_rss - self.peak_rss) * 1024
         self.peak_rss = peak_rss
         if node.parent is None:
-            self.rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000, growth, calls, 1)
+            index = self.rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000,
+                                  growth, calls, 1)
         else:
-            self.rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
-                             wall * 1000, cpu * 1000, growth, calls, 1)
+            index = self.rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
+                                     wall * 1000, cpu * 1000, growth, calls, 1)
+        if counts:
+            self.rows.add_counts(index, counts)
         executed = self.executed
         executed.append(node.id)
         if len(executed) % 1024 == 0 and gc.get_count()[0] > YOUNG_OBJECTS_BEFORE_COLLECT:

@@ -311,7 +311,7 @@ class _Job:
         if self.bus.active:
             self._announce(node)
         called = await self.caller.call(slot, gathered)  # blocked calls are skipped there, one by one
-        self.profiler.ran(node, called.calls, wall0, cpu0)
+        self.profiler.ran(node, called.calls, wall0, cpu0, called.counts)
         if called.ui:
             self._record_ui(node, called.ui)
         if called.expansions:
@@ -352,8 +352,9 @@ def print_profile_table(result: JobResult, prompt: Prompt, stream=sys.stdout) ->
     rows = sorted(result.profile.items(), key=lambda kv: -kv[1]["wall_ms"])
     print(f"{'node':>10}  {'class':<28} {'wall ms':>10} {'cpu ms':>10} {'rss +MB':>8}", file=stream)
     for node_id, row in rows[:40]:
+        counts = "".join(f"  {name} {value:g}" for name, value in row.get("counts", {}).items())
         print(f"{row['display_node']:>10}  {row['class_type'][:28]:<28} {row['wall_ms']:>10.1f} {row['cpu_ms']:>10.1f} "
-              f"{row['peak_rss_growth_bytes'] / 2**20:>8.1f}", file=stream)
+              f"{row['peak_rss_growth_bytes'] / 2**20:>8.1f}{counts}", file=stream)
     if len(rows) > 40:
         print(f"... {len(rows) - 40} more nodes", file=stream)
     if result.cached:

@@ -27,6 +27,7 @@ from torch import nn
 from models.adapters.adapter import Adapter
 from models.adapters.base import WeightPatch
 from models.adapters.keys import MODEL
+from models import step_cache
 
 Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
 PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
@@ -37,6 +38,8 @@ BLOCK_HOOKS = "block_hooks"
 # Option a handle sets while it runs: {id(module): {param name: HeadBank patch}}, the banks of heads a model chooses
 # from per sampler step (models/h3/pdd.py); the last adapter stacked with a bank for a layer wins, as a set does.
 HEAD_BANKS = "head_banks"
+# Option of a diffusion-model handle: its step-skipping patch (models/step_cache.py's StepCacheSettings), at most one.
+STEP_CACHE = "step_cache"
 
 # Option of a handle: the torch.device its model runs on (SelectModelDevice, SelectCLIPDevice); absent: the default.
 PLACED_DEVICE = "device"
@@ -190,9 +193,15 @@ class ModelHandle:
             _active_options.reset(token)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model's forward with this handle's patches active."""
-        with self.active():
-            return self.model(*args, **kwargs)
+        """Run the model's forward with this handle's patches active (or, inside a sampler step an EasyCache
+        patch skips, reuse the last computed change instead: models/step_cache.py)."""
+        def forward() -> Any:
+            with self.active():
+                return self.model(*args, **kwargs)
+
+        if len(args) >= 2 and step_cache.running() is not None:
+            return step_cache.guarded_call(forward, args[0], args[1])
+        return forward()
 
     def _head_banks(self) -> dict[int, dict[str, WeightPatch]]:
         """The per-step head banks of the stacked adapters, by id of the module that runs (the last one wins)."""

@@ -22,6 +22,7 @@ BUILTIN_PACKS = (
     "nodes.h3_control",
     "nodes.attention",
     "nodes.context_windows",
+    "nodes.step_cache",
     "nodes.devices",
 )
 

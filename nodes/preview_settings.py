@@ -10,9 +10,11 @@ Methods (`--preview-method`, ComfyUI's flag):
 - none: no previews.
 - auto: latent2rgb.
 - latent2rgb: each latent pixel through a linear latent-to-RGB projection fitted from the VAE itself.
+- taesd: the taeh3 tiny decoder (`models/vae_approx/taeh3.safetensors`, models/h3/taeh3.py) decodes the
+  previewed latent frame, from the start of its clip, to a full-resolution frame; without that file,
+  latent2rgb (said once in the log). The editor's "TAESD" setting asks for this.
 - taesd-like: a linear patch decoder, also fitted from the VAE: each latent pixel becomes its whole pixel
   patch (16x16 for H3), so the preview has the picture's full resolution for the cost of one matrix product.
-  The editor's `taesd` asks for this.
 - full: a real VAE decode of the previewed frame every `FULL_DECODE_EVERY` steps (and at the last one).
 """
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 
 from execution.context import DEFAULT_PREVIEW_METHOD, DEFAULT_PREVIEW_SIZE, Services
 
-PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd-like", "full")
+PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd", "taesd-like", "full")
 FULL_DECODE_EVERY = 4
 # The editor's names for the methods ("default" means: the server's setting).
-EDITOR_NAMES = {"taesd": "taesd-like", "default": None}
+EDITOR_NAMES = {"default": None}
 EDITOR_SOURCE = "comfyui-frontend"  # provenance: interface (the editor's extra_data.comfy_usage_source)
 EDITOR_DEFAULT_METHOD = "auto"  # an editor job with its setting at "default", on a server started without one
 
@@ -35,7 +37,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("live previews")
     group.add_argument("--preview-method", choices=PREVIEW_METHODS, default=None,
                        help="how samplers draw the picture while they run: none; auto (latent2rgb); latent2rgb (a "
-                            "linear projection fitted from the VAE); taesd-like (a fitted linear patch decoder, full "
+                            "linear projection fitted from the VAE); taesd (the taeh3 tiny decoder from "
+                            "models/vae_approx/taeh3.safetensors, else latent2rgb); taesd-like (a fitted linear "
+                            "patch decoder, full "
                             f"resolution); full (a VAE decode every {FULL_DECODE_EVERY} steps). Without it a job "
                             "gets previews only when it asks for them (the editor asks, API clients usually "
                             "do not); `run` draws none (a terminal shows no pictures)")

@@ -22,12 +22,15 @@ import numpy as np
 import torch
 
 from execution.context import RunContext, current
+from models.h3.latents import CLIP_LATENTS
 from models.latent_preview import cache_folder, projection_for
 from nodes.preview_settings import DEFAULT_PREVIEW_SIZE, FULL_DECODE_EVERY, resolve_method
 
 logger = logging.getLogger(__name__)
 
 SOURCES_KEY = "preview_vaes"  # runtime services: {latent channels: the video VAE last loaded with them}
+TAEH3_KEY = "preview_taeh3"  # runtime services: {(path, size, mtime): its loaded taeh3 decoder; "missing": logged}
+TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI's previews look for in vae_approx)
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
 
@@ -40,6 +43,34 @@ def register_vae(vae: Any) -> None:
     ctx = current()
     channels = int(vae.model.config.latent_channels)
     ctx.runtime.shared(SOURCES_KEY, dict)[channels] = vae
+
+
+def taeh3_decoder(ctx: RunContext, channels: int | None) -> Any:
+    """The taeh3 decoder from `models/vae_approx/taeh3.safetensors` (loaded once per file version and runtime),
+    or None when there is none for latents of `channels` (the caller falls back to latent2rgb; said once)."""
+    from models.h3.taeh3 import load_taeh3
+
+    loaded = ctx.runtime.shared(TAEH3_KEY, dict)
+    path = next((folder / TAEH3_FILE for folder in ctx.paths.model_dirs("vae_approx")
+                 if (folder / TAEH3_FILE).is_file()), None)
+    if path is None:
+        if not loaded.get("missing"):
+            loaded["missing"] = True
+            logger.info("live previews: taesd asks for models/vae_approx/%s, which is not there; drawing latent2rgb "
+                        "previews instead", TAEH3_FILE)
+        return None
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in loaded:
+        try:
+            loaded[key] = load_taeh3(path)
+        except (ValueError, OSError) as exc:
+            logger.warning("live previews: %s cannot be used (%s); drawing latent2rgb previews instead", path, exc)
+            loaded[key] = None
+    decoder = loaded[key]
+    if decoder is not None and channels is not None and decoder.config.latent_channels != channels:
+        return None
+    return decoder
 
 
 # ---------------------------------------------------------------------- per sampler run
@@ -99,10 +130,12 @@ class SamplerPreviews:
     waits for the last one, so every preview of a node comes before the node's end.
     """
 
-    def __init__(self, ctx: RunContext, method: str, vae: Any = None, size: int = DEFAULT_PREVIEW_SIZE) -> None:
+    def __init__(self, ctx: RunContext, method: str, vae: Any = None, size: int = DEFAULT_PREVIEW_SIZE,
+                 taeh3: Any = None) -> None:
         self.ctx = ctx
         self.method = method
         self.vae = vae
+        self.taeh3 = taeh3  # the taeh3 decoder drawing the `taesd` previews
         self.size = size
         self.failed = False
         self._pending: list[tuple] = []
@@ -118,10 +151,15 @@ class SamplerPreviews:
         samples = latent.get("samples")
         channels = int(samples.shape[1]) if isinstance(samples, torch.Tensor) and samples.dim() == 5 else None
         vae = ctx.runtime.shared(SOURCES_KEY, dict).get(channels)
+        taeh3 = None
+        if method == "taesd":
+            taeh3 = taeh3_decoder(ctx, channels)
+            if taeh3 is None:
+                method = "latent2rgb"
         has_audio = isinstance(latent.get("audio_samples"), torch.Tensor)
-        if vae is None and not has_audio:
+        if vae is None and taeh3 is None and not has_audio:
             method = "none"  # nothing to draw: plain progress
-        return cls(ctx, method, vae, ctx.runtime.preview_size)
+        return cls(ctx, method, vae, ctx.runtime.preview_size, taeh3)
 
     def __enter__(self) -> "SamplerPreviews":
         return self
@@ -138,7 +176,10 @@ class SamplerPreviews:
         video, audio = denoised.get("samples"), denoised.get("audio_samples")
         frame = sound = None
         if not (self.method == "full" and step % FULL_DECODE_EVERY and step != total):
-            if self.vae is not None and isinstance(video, torch.Tensor) and video.dim() == 5:
+            if self.taeh3 is not None and isinstance(video, torch.Tensor) and video.dim() == 5:
+                middle = video.shape[2] // 2  # the middle latent frame, with the latents of its clip before it
+                frame = video[:1, :, middle - middle % CLIP_LATENTS:middle + 1].detach().clone()
+            elif self.vae is not None and isinstance(video, torch.Tensor) and video.dim() == 5:
                 frame = video[0, :, video.shape[2] // 2].detach().clone()  # the middle latent frame
             if isinstance(audio, torch.Tensor) and audio.dim() >= 3:
                 sound = audio[:1].detach().clone()
@@ -190,16 +231,21 @@ class SamplerPreviews:
 
         if frame is None:
             return audio_picture(sound, self.size)
-        patch = int(self.vae.model.config.spatial_ratio)
-        if self.method == "full":
+        if self.taeh3 is not None:  # frame: (1, C, k, h, w), its clip's latents up to the previewed one
+            patch = self.taeh3.spatial_ratio
+            with torch.no_grad():
+                pixels = self.taeh3.frame_at(frame.float(), frame.shape[2] - 1)
+        elif self.method == "full":
+            patch = int(self.vae.model.config.spatial_ratio)
             pixels = self.vae.model.decode(frame[None, :, None], tile_batch=1)[0, 0]
         else:
+            patch = int(self.vae.model.config.spatial_ratio)
             projection = projection_for(self.vae, cache_folder(self.ctx.paths.user), announce=self._announce_fit)
             pixels = projection.to_pixels(frame) if self.method == "taesd-like" else projection.to_rgb(frame)
         array = (pixels.mul(255.0).add_(0.5).clamp_(0, 255)).to(torch.uint8).numpy()
         image = Image.fromarray(array)
         # Never larger than the real picture nor than --preview-size on its long side.
-        full_w, full_h = frame.shape[2] * patch, frame.shape[1] * patch
+        full_w, full_h = frame.shape[-1] * patch, frame.shape[-2] * patch
         scale = min(self.size / max(full_w, full_h), 1.0)
         target = (max(1, round(full_w * scale)), max(1, round(full_h * scale)))
         if image.size != target:

@@ -12,14 +12,18 @@ conditioning at every step.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
+from execution.context import current
 from nodes.latent import check_latent
 from nodes.loaders import check_model
 from nodes.previews import SamplerPreviews
 from nodes.spec import Input, NodeSpec, Output
+
+logger = logging.getLogger(__name__)
 
 SAMPLER_NAMES = ("euler", "res_multistep")
 SCHEDULER_NAMES = ("simple",)
@@ -126,18 +130,43 @@ class Guider:
             runner = _GuidedModel(self.model, self.negative, self.cfg, frames)
         video_shift, audio_shift = model_shifts(self.model)
         sigmas = torch.as_tensor(sigmas, dtype=torch.float32).flatten()
+        skipping = step_cache_run(self.model, sigmas, video_shift)
         try:
             with previews:
                 out = sample(runner, latent, self.positive, sigmas, noise.seed if noise is not None else 0,
                              sampler.name, callback=on_step, video_shift=video_shift, audio_shift=audio_shift,
-                             add_noise=noise is not None)
+                             add_noise=noise is not None, step_cache=skipping)
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from None
+        if skipping is not None:
+            report_step_cache(skipping)
         denoised = dict(out)
         if last:
             denoised["samples"] = last["samples"].to(out["samples"].dtype)
             denoised["audio_samples"] = last["audio_samples"].to(out["audio_samples"].dtype)
         return out, denoised
+
+
+def step_cache_run(model: Any, sigmas: torch.Tensor, video_shift: float):
+    """The EasyCache / LazyCache state for one sampling run of `model` (None when it carries neither)."""
+    from models.h3.sparse_attention import percent_to_sigma
+    from models.patcher import STEP_CACHE
+    from models.step_cache import StepCacheRun
+
+    settings = getattr(model, "options", {}).get(STEP_CACHE)
+    if settings is None:
+        return None
+    return StepCacheRun.start(settings, sigmas, lambda percent: percent_to_sigma(percent, video_shift))
+
+
+def report_step_cache(run: Any) -> None:
+    """The sampler node's progress text, its profile row's counts and a log line say what the run skipped."""
+    ctx = current()
+    ctx.show(text=run.summary())
+    ctx.count("steps_computed", run.computed_steps)
+    ctx.count("steps_skipped", run.skipped_steps)
+    ctx.count("model_calls", run.model_calls)
+    logger.info("node %s: %s", ctx.display_node_id, run.summary())
 
 
 def _pixel_frames(latent_t: int) -> int:

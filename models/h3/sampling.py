@@ -12,12 +12,15 @@ the clean latent after every step.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from models.h3 import context_windows, packing, pdd
 from models.h3.layers import compute_device
+
+if TYPE_CHECKING:
+    from models.step_cache import StepCacheRun
 
 SAMPLERS = ("euler", "res_multistep")
 
@@ -140,7 +143,7 @@ def split_conditioning(conditioning) -> tuple[torch.Tensor, dict]:
 
 def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str = "euler",
            callback: Callable[[int, int, dict], None] | None = None, *, video_shift: float | None = None,
-           audio_shift: float | None = None, add_noise: bool = True) -> dict:
+           audio_shift: float | None = None, add_noise: bool = True, step_cache: "StepCacheRun | None" = None) -> dict:
     """Denoise an H3 LATENT value along `sigmas` (the video schedule) and return the new LATENT value.
 
     model: an H3Transformer (or anything with its forward signature and `config`). conditioning: a
@@ -148,6 +151,8 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
     "token_tags" (B, L), "keyframes" and "references" (models/h3/packing.py). `callback(step, total, denoised)` is called
     after each step with the current x0 estimate {"samples", "audio_samples"}; raise from it to interrupt.
     Deterministic for a given seed. video_shift / audio_shift default to the model config's (12 / 3).
+    step_cache: the EasyCache / LazyCache state of this run (models/step_cache.py), which may reuse a step's
+    model output instead of computing it; it counts what it computed and skipped.
     """
     from models import memory
     from models.patcher import PLACED_DEVICE
@@ -156,12 +161,12 @@ def sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: 
     handle = getattr(model, "handle", model)  # a guided model wraps the MODEL handle
     with memory.placed_on(getattr(handle, "options", {}).get(PLACED_DEVICE)):
         return _sample(model, latent, conditioning, sigmas, noise_seed, sampler, callback, video_shift=video_shift,
-                       audio_shift=audio_shift, add_noise=add_noise)
+                       audio_shift=audio_shift, add_noise=add_noise, step_cache=step_cache)
 
 
 def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed: int, sampler: str,
             callback: Callable[[int, int, dict], None] | None, *, video_shift: float | None,
-            audio_shift: float | None, add_noise: bool) -> dict:
+            audio_shift: float | None, add_noise: bool, step_cache: "StepCacheRun | None") -> dict:
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; H3 supports {', '.join(SAMPLERS)}")
     if "samples" not in latent or "audio_samples" not in latent:
@@ -224,16 +229,23 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     total = sig_v.numel() - 1
     for i in range(total):
         sv, sa = float(sig_v[i]), float(sig_a[i])
+        x_v_in, x_a_in = x_v.to(device), x_a.to(device)
+
+        def velocities(x_v_in=x_v_in, x_a_in=x_a_in) -> tuple[torch.Tensor, torch.Tensor]:
+            if windowed is not None:
+                return windowed(i, x_v, x_a, sv, sa, video_mask=vm_rows, audio_mask=am_rows,
+                                condition_seed=noise_seed, device=device)
+            return model(x_v_in, x_a_in, hidden.to(device), sv, sa,
+                         context_mask=context_mask.to(device) if context_mask is not None else None,
+                         conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
+                         **({} if context_tags is None else {"context_tags": context_tags}))
+
         step = pdd.SamplerStep(sv, float(sig_v[i + 1]), video_shift, audio_shift)
         with torch.no_grad(), pdd.sampler_step(step):
-            if windowed is not None:
-                v_v, v_a = windowed(i, x_v, x_a, sv, sa, video_mask=vm_rows, audio_mask=am_rows,
-                                    condition_seed=noise_seed, device=device)
+            if step_cache is None:
+                v_v, v_a = velocities()
             else:
-                v_v, v_a = model(x_v.to(device), x_a.to(device), hidden.to(device), sv, sa,
-                                 context_mask=context_mask.to(device) if context_mask is not None else None,
-                                 conditions=items, video_mask=vm_rows, audio_mask=am_rows, condition_seed=noise_seed,
-                                 **({} if context_tags is None else {"context_tags": context_tags}))
+                v_v, v_a = step_cache.step(i, sv, velocities, (x_v_in, x_a_in))
         v_v, v_a = v_v.float().cpu(), v_a.float().cpu()
         # Row sigmas: m * sigma where a noise mask is set. Stepping a row from m*sigma to m*sigma_next with its
         # own velocity is the same as stepping the global sigma with the velocity multiplied by m.

@@ -37,6 +37,8 @@ H3 templates load, each a tiny random model stored the way the released file sto
   released encoder is: the language model's linears in nvfp4 (AWQ `pre_quant_scale` on o_proj and
   down_proj), the token table in int8, the vision tower in bfloat16, a few layers and no final norm;
   beside it, in text_encoders/qwen25_tokenizer/, the tiny tokenizer the project trains itself.
+- `taeh3` (vae_approx/): a tiny taeh3 live-preview decoder (models/h3/taeh3.py's TINY_CONFIG widths), float16,
+  decoder keys only (Weft's previews use no encoder).
 
 Rotation groups are per layer, as in the released files: the largest power of 4 up to 256 that divides
 the layer's input width (the tiny widths give 64 where the released files use 256). The weights are
@@ -82,6 +84,9 @@ PDD_LORAS = {"MiniMax-H3-FL2VA-Acc-8Step.safetensors": "minimax_h3_fl2va_pruned_
 PDD_HEADS = 32
 # FastVideo's FastH3 Preview adapter (dense, data-free variant), under its folder in the release.
 FASTH3_ADAPTER = "FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors"
+
+TAEH3 = "taeh3.safetensors"  # in vae_approx/, where the live previews look for it
+TAEH3_SEED = 2301
 FUN_CONTROL_LAYERS = r"control_blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.(fc1|fc2))"
 QWEN3VL_SEED = 2004
 # The released encoder's nvfp4 layers, and those of them that carry an AWQ pre_quant_scale.
@@ -322,6 +327,23 @@ def qwen3vl_gguf_bytes(seed: int = QWEN3VL_SEED) -> bytes:
                 DEEPSTACK_METADATA: json.dumps(list(model.config.vision.deepstack_layers))}
     return gguf_bytes(gguf_layout(state), metadata)
 
+def taeh3_bytes(seed: int = TAEH3_SEED) -> bytes:
+    """A tiny random taeh3 decoder in float16 (scaled so its features stay near unit size through depth)."""
+    from models.h3.taeh3 import TINY_CONFIG, TAEH3Decoder
+
+    model = TAEH3Decoder(TINY_CONFIG)
+    generator = torch.Generator("cpu").manual_seed(seed)
+    state = {}
+    for name, tensor in sorted(model.state_dict().items()):
+        if name.endswith("bias"):
+            state[name] = 0.05 * torch.randn(tensor.shape, generator=generator)
+        else:
+            fan_in = tensor[0].numel()
+            state[name] = torch.randn(tensor.shape, generator=generator) * (1.0 / math.sqrt(fan_in))
+    state["decoder.22.bias"] += 0.5  # centre the colours, so the pictures are neither black nor white
+    out = {name: tensor.to(torch.float16).contiguous() for name, tensor in state.items()}
+    return save_safetensors(out, metadata=_metadata("taeh3", TINY_CONFIG, "fp16 decoder"))
+
 
 def write_released(models_dir: str | Path) -> dict[str, Path]:
     """Write every tiny released-format file under models_dir; returns {file name: path}."""
@@ -353,4 +375,5 @@ def write_released(models_dir: str | Path) -> dict[str, Path]:
     from models.text.qwen_tokenizer import TOKENIZER_FOLDER, write_tiny_tokenizer
     written[TOKENIZER_FOLDER] = write_tiny_tokenizer(root / "text_encoders" / TOKENIZER_FOLDER)
     put("model_patches", FUN_CONTROL, fun_control_bytes())
+    put("vae_approx", TAEH3, taeh3_bytes())
     return written

@@ -86,11 +86,11 @@ EDITOR = {"comfy_usage_source": "comfyui-frontend"}
 
 
 @pytest.mark.parametrize("server, extra, expected", [
-    ("auto", {}, "latent2rgb"), ("none", {}, "none"), ("none", {"preview_method": "taesd"}, "taesd-like"),
+    ("auto", {}, "latent2rgb"), ("none", {}, "none"), ("none", {"preview_method": "taesd"}, "taesd"),
     ("full", {"preview_method": "default"}, "full"), ("latent2rgb", {"preview_method": "bogus"}, "latent2rgb"),
     ("auto", {"preview_method": "none"}, "none"),
     # A server started without a method: only a job that asks gets previews (the editor's own jobs ask).
-    (None, {}, "none"), (None, {"preview_method": "default"}, "none"), (None, {"preview_method": "taesd"}, "taesd-like"),
+    (None, {}, "none"), (None, {"preview_method": "default"}, "none"), (None, {"preview_method": "taesd"}, "taesd"),
     (None, EDITOR, "latent2rgb"), (None, {**EDITOR, "preview_method": "none"}, "none"), ("none", EDITOR, "none"),
 ])
 def test_a_job_overrides_the_server_method_and_none_is_the_default(server, extra, expected):
@@ -181,3 +181,56 @@ def test_vae_decodes_report_progress_per_tile_and_per_chunk(h3):
     assert len(tiles) >= 2 and tiles[-1][0] == tiles[-1][1] and [v for v, _ in tiles] == sorted(v for v, _ in tiles)
     audio = [(d["value"], d["max"]) for e, d in seen if e == "progress" and d["node"] == "decode_audio"]
     assert audio and audio[-1][0] == audio[-1][1]
+
+
+def _install_taeh3(h3) -> None:
+    from models.h3.tiny_released import TAEH3, taeh3_bytes
+
+    folder = h3.paths.models / "vae_approx"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TAEH3).write_bytes(taeh3_bytes())
+
+
+def test_taesd_previews_are_taeh3_frames_of_the_picture_size_every_step(h3, monkeypatch):
+    from models.h3.taeh3 import TAEH3Decoder
+
+    _install_taeh3(h3)
+    decoded = []
+    frame_at = TAEH3Decoder.frame_at
+
+    def recording(self, latents, index):
+        decoded.append((self, latents.clone(), index))
+        return frame_at(self, latents, index)
+
+    monkeypatch.setattr(TAEH3Decoder, "frame_at", recording)
+    h3.runtime.preview_method, h3.runtime.preview_size = None, 512
+    prompt = t2va_prompt(width=64, height=32, length=22, steps=3, save_video=False)
+    prompt["probe_denoised"] = {"class_type": "TestOutput", "inputs": {"value": ["sample", 1]}}
+    seen = []
+    h3.events.subscribe(lambda event, data: seen.append((event, data)))
+    result = h3.executor.run(h3.validate(prompt), prompt_id=str(uuid.uuid4()),
+                             extra_data={"preview_method": "taesd"})  # as the editor's "TAESD" setting sends it
+    assert result.status == "success", result.error
+    denoised = result.outputs["probe_denoised"]["values"][0]["samples"]
+    shots = [d for e, d in seen if e == "preview" and d["node"] == "sample"]
+    assert 1 <= len(shots) <= 3 and len(decoded) == len(shots)
+    assert all(d["image"][1].size == (64, 32) for d in shots)  # taeh3 draws at full resolution: 16x the latent
+    decoder, latents, index = decoded[-1]
+    assert tuple(latents.shape) == (1, 24, 4, 2, 4) and index == 3  # middle latent 3 of 7, from its clip's start
+    assert torch.equal(latents, denoised[:1, :, :4].float())  # the last step's estimate is what was drawn
+    expected = (frame_at(decoder, latents, index) * 255).numpy()
+    picture = torch.tensor(list(shots[-1]["image"][1].convert("RGB").getdata()), dtype=torch.float32)
+    band = round(32 * previews.AUDIO_BAND)  # the audio's loudness is drawn over the bottom rows
+    drawn = picture.view(32, 64, 3)[:32 - band]
+    assert (drawn - torch.tensor(expected[:32 - band])).abs().mean() < 1  # rounding to 8 bits only
+
+
+def test_taesd_without_the_file_falls_back_to_latent2rgb_and_says_so_once(h3, caplog):
+    h3.runtime.preview_method = "taesd"
+    with caplog.at_level("INFO", logger="nodes.previews"):
+        for seed in (1, 2):
+            seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=2, seed=seed,
+                                                    save_video=False))
+            assert [e for e, _ in seen if e == "preview"]
+    said = [r for r in caplog.records if "taeh3.safetensors" in r.getMessage()]
+    assert len(said) == 1 and "latent2rgb" in said[0].getMessage()

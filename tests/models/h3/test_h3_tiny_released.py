@@ -41,6 +41,7 @@ def test_every_released_name_is_written(released):
         "loras/MiniMax-H3-Ref2VA-Acc-8Step.safetensors",
         "loras/FastH3-4-step-Preview-v1-LoRA/dense-datafree/adapter_model.safetensors",
         "model_patches/minimax_h3_fun_controlnet_union_pruned_int8_convrot.safetensors",
+        "vae_approx/taeh3.safetensors",
     }
     assert {p.relative_to(released).as_posix() for p in released.rglob("*.gguf")} == {
         "diffusion_models/minimax_h3_fl2va_pruned-Q8_0.gguf", "text_encoders/qwen3vl_32b_minimax_h3-Q8_0.gguf"}

@@ -1,0 +1,202 @@
+"""taeh3: the tiny autoencoder of the TAEHV family for H3's video latents, used to draw live previews.
+
+Architecture (the TAEHV design, github.com/madebyollin/taehv, `taehv.py`; the weights file is
+`models/vae_approx/taeh3.safetensors`). Only the decoder is used here; it is one sequence of layers, and
+the file's keys are `decoder.<index>.<...>` by position in it:
+
+    0 clamp (3 * tanh(x / 3))   1 conv3x3 latent -> w0   2 ReLU
+    3-5 memory blocks (w0)      6 nearest 2x upsample    7 time grow (w0, stride 1)   8 conv3x3 w0 -> w1, no bias
+    9-11 memory blocks (w1)     12 upsample              13 time grow (w1, stride 2)  14 conv3x3 w1 -> w2, no bias
+    15-17 memory blocks (w2)    18 upsample              19 time grow (w2, stride 2)  20 conv3x3 w2 -> w3, no bias
+    21 ReLU                     22 conv3x3 w3 -> 3 * patch^2, then pixel shuffle by patch and clamp to [0, 1]
+
+A memory block sees its input and its input one latent frame earlier (zeros before the first):
+`ReLU(convs(cat[x, previous]) + skip(x))`, where `convs` is conv3x3 (2w -> w), ReLU, conv3x3, ReLU, conv3x3
+(keys `conv.0`, `conv.2`, `conv.4`) and `skip` is identity at equal widths. A time grow is a 1x1 conv
+(w -> w * stride, key `conv.weight`, no bias) whose output channels split into `stride` consecutive frames.
+Widths are read from the file (w = 256, 128, 64, 64 in the TAEHV models; the tiny taeh3 is narrower), the
+patch from the last conv. A checkpoint whose first time grow stores stride-2 weights is used through its
+last w0 output channels, as the reference loader does for a model that does not grow time there.
+
+How latents map to frames: spatially 2 x 2 x 2 upsampling times the pixel shuffle of 2 is H3's 16. In
+time, two stride-2 grows make 4 frames per latent frame, and the first 3 frames of a decode are dropped,
+so k latents give 4k - 3 frames: a latent that starts a sequence stands for one frame and every later one
+for four, which is H3's causal layout within one 17-frame clip (5 latents). H3 encodes every clip on its
+own (models/h3/video_vae.py), so latents are decoded clip by clip, each from empty memory: 5n + 2 latents
+give 17n + 5 frames, as the H3 VAE's do. The latents are the diffusion model's own (no mean/std applied).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.h3.latents import CLIP_LATENTS  # latent frames per 17-frame clip of the H3 video VAE
+
+FRAMES_DROPPED = 3  # a decode's first frames that precede the first latent's own frame
+TIME_GROW_LAYERS = (7, 13, 19)
+MEMORY_BLOCKS = (3, 4, 5, 9, 10, 11, 15, 16, 17)
+
+
+@dataclass(frozen=True)
+class TAEH3Config:
+    """Shape of a taeh3 decoder; defaults are the TAEHV family's."""
+
+    latent_channels: int = 24  # H3's video latent channels
+    widths: tuple[int, int, int, int] = (256, 128, 64, 64)  # feature widths of the three stages and the last conv
+    patch: int = 2  # pixel shuffle at the end (x 2 x 2 x 2 upsampling = 16)
+    time_strides: tuple[int, int, int] = (1, 2, 2)  # frames per input frame of each time grow
+
+
+TINY_CONFIG = TAEH3Config(widths=(16, 8, 8, 8))
+
+
+class _Clamp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x / 3.0) * 3.0
+
+
+def _conv(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
+    return nn.Conv2d(n_in, n_out, 3, padding=1, bias=bias)
+
+
+class MemoryBlock(nn.Module):
+    """Three 3x3 convs over a frame and its predecessor, plus a skip of the frame."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(_conv(2 * width, width), nn.ReLU(), _conv(width, width), nn.ReLU(),
+                                  _conv(width, width))
+
+    def forward(self, x: torch.Tensor, frames: int) -> torch.Tensor:
+        # x: (N * frames, C, H, W), frames consecutive per item; previous: each frame's predecessor, zeros first.
+        nt, c, h, w = x.shape
+        grouped = x.view(nt // frames, frames, c, h, w)
+        previous = torch.cat([torch.zeros_like(grouped[:, :1]), grouped[:, :-1]], dim=1).view(nt, c, h, w)
+        return F.relu(self.conv(torch.cat([x, previous], dim=1)) + x)
+
+
+class TimeGrow(nn.Module):
+    """A 1x1 conv whose output channels become `stride` consecutive frames."""
+
+    def __init__(self, width: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(width, width * stride, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nt, c, h, w = x.shape
+        return self.conv(x).view(nt * self.stride, c, h, w)  # (N * T * stride, C, H, W)
+
+
+class TAEH3Decoder(nn.Module):
+    """The taeh3 decoder (`decoder.<index>` keys, see the module docstring)."""
+
+    def __init__(self, config: TAEH3Config = TAEH3Config()) -> None:
+        super().__init__()
+        self.config = config
+        w0, w1, w2, w3 = config.widths
+        layers: list[nn.Module] = [_Clamp(), _conv(config.latent_channels, w0), nn.ReLU()]
+        for width, stride, next_width in ((w0, config.time_strides[0], w1), (w1, config.time_strides[1], w2),
+                                          (w2, config.time_strides[2], w3)):
+            layers += [MemoryBlock(width), MemoryBlock(width), MemoryBlock(width), nn.Upsample(scale_factor=2),
+                       TimeGrow(width, stride), _conv(width, next_width, bias=False)]
+        layers += [nn.ReLU(), _conv(w3, 3 * config.patch ** 2)]
+        self.decoder = nn.Sequential(*layers)
+
+    @property
+    def spatial_ratio(self) -> int:
+        """Pixels per latent pixel along each side."""
+        return 8 * self.config.patch
+
+    def decode_clip(self, latents: torch.Tensor, *, last_frame_only: bool = False) -> torch.Tensor:
+        """(B, C, k, h, w) latents of one clip, from its start -> (B, 4k - 3, 16h, 16w, 3) frames in [0, 1]
+        (with `last_frame_only`, (B, 1, 16h, 16w, 3): the layers after the last time grow see one frame
+        each, so they run on that frame alone)."""
+        b, c, frames, h, w = latents.shape
+        x = latents.permute(0, 2, 1, 3, 4).reshape(b * frames, c, h, w)
+        last_grow = max(i for i, layer in enumerate(self.decoder) if isinstance(layer, TimeGrow))
+        for index, layer in enumerate(self.decoder):
+            if isinstance(layer, MemoryBlock):
+                x = layer(x, frames)
+                continue
+            x = layer(x)
+            if isinstance(layer, TimeGrow):
+                frames *= layer.stride
+            if index == last_grow and last_frame_only:
+                x = x.view(b, frames, *x.shape[1:])[:, -1]
+                frames = 1
+        x = F.pixel_shuffle(x, self.config.patch).clamp_(0.0, 1.0)
+        x = x.view(b, frames, 3, x.shape[-2], x.shape[-1])
+        return (x if last_frame_only else x[:, FRAMES_DROPPED:]).permute(0, 1, 3, 4, 2)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """(B, C, T', h, w) H3 video latents -> (B, frames, 16h, 16w, 3), clip by clip (17 frames per 5 latents)."""
+        if latents.dim() != 5 or latents.shape[1] != self.config.latent_channels:
+            raise ValueError(f"taeh3 decodes (B, {self.config.latent_channels}, T, h, w) latents, got "
+                             f"{tuple(latents.shape)}")
+        parts = [self.decode_clip(latents[:, :, start:start + CLIP_LATENTS])
+                 for start in range(0, latents.shape[2], CLIP_LATENTS)]
+        return torch.cat(parts, dim=1)
+
+    def frame_at(self, latents: torch.Tensor, index: int) -> torch.Tensor:
+        """The last frame latent `index` stands for, decoded from the start of its clip: (16h, 16w, 3)."""
+        start = index - index % CLIP_LATENTS
+        return self.decode_clip(latents[:1, :, start:index + 1], last_frame_only=True)[0, -1]
+
+
+def config_from_state(state: dict[str, torch.Tensor]) -> TAEH3Config:
+    """The decoder's shape recovered from its weights; ValueError naming the key that does not fit."""
+    def weight(index: int, leaf: str = "weight") -> torch.Tensor:
+        key = f"decoder.{index}.{leaf}"
+        if key not in state:
+            raise ValueError(f"not a taeh3 (TAEHV) file: {key} is missing")
+        return state[key]
+
+    first = weight(1)
+    widths = (int(first.shape[0]), int(weight(8).shape[0]), int(weight(14).shape[0]), int(weight(20).shape[0]))
+    out_channels = int(weight(22).shape[0])
+    patch = int(round((out_channels / 3) ** 0.5))
+    if 3 * patch * patch != out_channels or patch != 2:
+        raise ValueError(f"decoder.22.weight makes {out_channels} output channels; a taeh3 file makes 12 (3 colours "
+                         "x a 2x2 pixel shuffle, 16x in all)")
+    strides = []
+    for index, width in zip(TIME_GROW_LAYERS, widths[:3]):
+        grown = int(weight(index, "conv.weight").shape[0])
+        strides.append(grown // width)
+    strides[0] = 1  # H3 grows time in the last two stages only (4 frames per latent); see load_state
+    if tuple(strides[1:]) != (2, 2):
+        raise ValueError("decoder.13/19 time grows must each double the frames (4 per latent, as H3's VAE); "
+                         f"this file's make {strides[1]} and {strides[2]}")
+    return TAEH3Config(latent_channels=int(first.shape[1]), widths=widths, patch=patch, time_strides=tuple(strides))
+
+
+def load_state(decoder: TAEH3Decoder, state: dict[str, torch.Tensor]) -> None:
+    """Copy a file's `decoder.*` tensors in (its `encoder.*` ones are not used); ValueError naming a bad key."""
+    own = decoder.state_dict()
+    wanted = {key: tensor for key, tensor in state.items() if key.startswith("decoder.")}
+    first_grow = f"decoder.{TIME_GROW_LAYERS[0]}.conv.weight"
+    if first_grow in wanted and wanted[first_grow].shape[0] > own[first_grow].shape[0]:
+        # Stored growing time 2x: keep the channels of its last frame, the only one a stride-1 grow makes.
+        wanted[first_grow] = wanted[first_grow][-own[first_grow].shape[0]:]
+    missing = sorted(set(own) - set(wanted))
+    extra = sorted(set(wanted) - set(own))
+    if missing or extra:
+        raise ValueError(f"not a taeh3 decoder: missing {missing[:3]}, unexpected {extra[:3]}")
+    for key, tensor in wanted.items():
+        if tuple(tensor.shape) != tuple(own[key].shape):
+            raise ValueError(f"taeh3 key {key} has shape {tuple(tensor.shape)}, expected {tuple(own[key].shape)}")
+    decoder.load_state_dict({key: tensor.float() for key, tensor in wanted.items()})
+
+
+def load_taeh3(path: str | Path) -> TAEH3Decoder:
+    """The taeh3 decoder stored at `path` (safetensors), in float32 on the CPU, ready to run."""
+    from models.loading import load_state_dict  # the checked safetensors reader; it imports models.h3
+
+    state = load_state_dict(str(path))
+    decoder = TAEH3Decoder(config_from_state(state))
+    load_state(decoder, state)
+    return decoder.eval().requires_grad_(False)

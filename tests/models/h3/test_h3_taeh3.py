@@ -1,0 +1,60 @@
+"""The taeh3 preview decoder: H3's frame counts, its file layout (shapes recovered from the keys), refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from models.h3.latents import pixel_frames
+from models.h3.taeh3 import TINY_CONFIG, TAEH3Decoder, config_from_state, load_state, load_taeh3
+from models.h3.tiny_released import TAEH3, taeh3_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("taeh3") / TAEH3
+    path.write_bytes(taeh3_bytes())
+    return path
+
+
+@pytest.mark.parametrize("latent_t", [1, 2, 5, 7, 12])
+def test_latents_decode_to_the_h3_vaes_frame_count_at_16x(tiny_file, latent_t):
+    decoder = load_taeh3(tiny_file)
+    assert decoder.config == TINY_CONFIG
+    frames = decoder.decode(torch.randn(2, 24, latent_t, 3, 2, generator=torch.Generator().manual_seed(latent_t)))
+    assert tuple(frames.shape) == (2, pixel_frames(latent_t), 48, 32, 3)
+    assert frames.min() >= 0.0 and frames.max() <= 1.0 and frames.std() > 0.01
+
+
+def test_clips_decode_on_their_own_and_the_preview_frame_is_its_latents_last(tiny_file):
+    decoder = load_taeh3(tiny_file)
+    latents = torch.randn(1, 24, 7, 2, 2, generator=torch.Generator().manual_seed(3))
+    frames = decoder.decode(latents)
+    second_clip = decoder.decode(latents[:, :, 5:])
+    assert torch.equal(frames[:, 17:], second_clip)  # latents 5, 6 start a new 17-frame clip
+    assert torch.allclose(decoder.frame_at(latents, 3), frames[0, 1 + 4 * 3 - 1], atol=1e-6)
+    assert torch.allclose(decoder.frame_at(latents, 6), frames[0, -1], atol=1e-6)
+
+
+def test_the_released_widths_are_recovered_from_the_keys_and_a_stride_2_first_grow_is_trimmed():
+    released = TAEH3Decoder()
+    state = released.state_dict()
+    assert config_from_state(state).widths == (256, 128, 64, 64)
+    grow = "decoder.7.conv.weight"
+    state[grow] = torch.cat([torch.zeros_like(state[grow]), state[grow]])  # stored growing time 2x
+    copy = TAEH3Decoder()
+    load_state(copy, state)
+    assert torch.equal(copy.state_dict()[grow], released.state_dict()[grow])
+
+
+def test_a_file_that_is_not_taeh3_is_refused_naming_the_key(tmp_path):
+    state = TAEH3Decoder(TINY_CONFIG).state_dict()
+    del state["decoder.14.weight"]
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(ValueError, match="decoder.14.weight"):
+        load_taeh3(tmp_path / "broken.safetensors")
+    wrong = TAEH3Decoder(TINY_CONFIG).state_dict()
+    wrong["decoder.22.weight"] = torch.zeros(3, 8, 3, 3)
+    save_file({k: v.contiguous() for k, v in wrong.items()}, str(tmp_path / "wrong.safetensors"))
+    with pytest.raises(ValueError, match="decoder.22.weight"):
+        load_taeh3(tmp_path / "wrong.safetensors")
