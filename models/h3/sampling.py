@@ -201,6 +201,10 @@ def _sample(model, latent: dict, conditioning, sigmas: torch.Tensor, noise_seed:
     hidden, context_mask, context_tags, items = (prepared[0].hidden, prepared[0].context_mask,
                                                  prepared[0].context_tags, prepared[0].items)
     windowed = None if windows is None else context_windows.WindowedModel(model, windows, prepared)
+    if windowed is not None and step_cache is not None:
+        # A step cache estimates one model output per step; windows make several partial ones per step.
+        raise ValueError("EasyCache / LazyCache and context windows (ContextWindowsManual) on one model are not "
+                         "supported together; remove one of the two patches")
 
     # Noise masks at row resolution (patch grid / audio frame), then back at latent resolution.
     vm_rows = am_rows = None
