@@ -206,6 +206,27 @@ def _manual_sigmas(sigmas: str) -> tuple[torch.Tensor]:
     return (torch.tensor(values, dtype=torch.float32),)
 
 
+def _check_sigmas(node: str, sigmas: Any) -> torch.Tensor:
+    if not isinstance(sigmas, torch.Tensor) or sigmas.dim() != 1:
+        raise TypeError(f"{node}: input 'sigmas' takes SIGMAS (a list of noise levels), got "
+                        f"{type(sigmas).__name__}")
+    return sigmas
+
+
+def _split_sigmas(sigmas: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Both parts keep the sigma at `step`: the first ends there, the second starts there.
+    sigmas = _check_sigmas("SplitSigmas", sigmas)
+    return sigmas[:int(step) + 1], sigmas[int(step):]
+
+
+def _set_first_sigma(sigmas: torch.Tensor, sigma: float) -> tuple[torch.Tensor]:
+    sigmas = _check_sigmas("SetFirstSigma", sigmas).clone()
+    if sigmas.numel() == 0:
+        raise ValueError("SetFirstSigma: input 'sigmas' is empty; there is no first noise level to set")
+    sigmas[0] = float(sigma)
+    return (sigmas,)
+
+
 def _cfg_guider(model: Any, positive: list, negative: list, cfg: float) -> tuple[Guider]:
     node = "CFGGuider"
     model = check_model(node, model)
@@ -397,5 +418,21 @@ NODES = [
                                                           "'1.0, 0.7, 0.4, 0.0'; a schedule usually ends at 0.")],
         outputs=[Output("SIGMAS")],
         search_aliases=("custom noise schedule", "define sigmas"),
+    ),
+    NodeSpec(
+        node_id="SplitSigmas", display_name="SplitSigmas", category="sampling/custom_sampling/sigmas",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_split_sigmas,
+        description="Cuts a schedule at `step` into the noisier first part and the rest, for two samplers in turn; "
+                    "the sigma at `step` ends the first and starts the second.",
+        inputs=[Input.link("sigmas", "SIGMAS"), Input.int("step", 0, min=0, max=10000)],
+        outputs=[Output("SIGMAS", "high_sigmas"), Output("SIGMAS", "low_sigmas")],
+    ),
+    NodeSpec(
+        node_id="SetFirstSigma", display_name="SetFirstSigma", category="sampling/custom_sampling/sigmas",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_set_first_sigma,
+        description="The schedule with its first noise level replaced.",
+        inputs=[Input.link("sigmas", "SIGMAS"),
+                Input.float("sigma", 136.0, min=0.0, max=20000.0, step=0.001, round=False)],
+        outputs=[Output("SIGMAS")],
     ),
 ]

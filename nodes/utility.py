@@ -13,6 +13,7 @@ import torch
 
 from execution.paths import atomic_write_bytes
 from media.image import UPSCALE_METHODS, check_image, scale_batch, scale_images
+from nodes import MAX_RESOLUTION
 from nodes.files import output_target
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
@@ -81,6 +82,15 @@ def _batch_images(images: dict) -> tuple[torch.Tensor]:
     batches = [check_image(node, value, f"images.{name}") for name, value in images.items() if value is not None]
     if not batches:
         raise ValueError(f"{node}: input 'images' has no image connected; connect at least one")
+    return (_joined(batches),)
+
+
+def _image_batch(image1: torch.Tensor, image2: torch.Tensor) -> tuple[torch.Tensor]:
+    return (_joined([check_image("ImageBatch", image1, "image1"), check_image("ImageBatch", image2, "image2")]),)
+
+
+def _joined(batches: list[torch.Tensor]) -> torch.Tensor:
+    """The batches one after the other, each fitted to the first one's size and to the most channels."""
     height, width = batches[0].shape[1], batches[0].shape[2]
     channels = max(batch.shape[-1] for batch in batches)
     fitted = []
@@ -94,7 +104,24 @@ def _batch_images(images: dict) -> tuple[torch.Tensor]:
         if batch.shape[-1] < channels:
             batch = torch.cat([batch, torch.ones_like(batch[..., :1])], dim=-1)
         fitted.append(batch.to(batches[0].dtype))
-    return (torch.cat(fitted, dim=0),)
+    return torch.cat(fitted, dim=0)
+
+
+def _repeat_image_batch(image: torch.Tensor, amount: int) -> tuple[torch.Tensor]:
+    return (check_image("RepeatImageBatch", image).repeat(int(amount), 1, 1, 1),)
+
+
+def _image_invert(image: torch.Tensor) -> tuple[torch.Tensor]:
+    return (1.0 - check_image("ImageInvert", image),)
+
+
+def _mask_to_image(mask: torch.Tensor) -> tuple[torch.Tensor]:
+    mask = _check_mask("MaskToImage", mask)
+    return (mask.unsqueeze(-1).expand(-1, -1, -1, 3).contiguous(),)
+
+
+def _solid_mask(value: float, width: int, height: int) -> tuple[torch.Tensor]:
+    return (torch.full((1, int(height), int(width)), float(value), dtype=torch.float32),)
 
 
 SAVE_TEXT_FORMATS = ("txt", "md", "json")
@@ -206,5 +233,41 @@ NODES = [
         ],
         outputs=[Output("STRING", "text")],
         search_aliases=("save text", "write text", "export text"),
+    ),
+    NodeSpec(
+        node_id="ImageBatch", display_name="Batch Images", category="image", python_module="nodes",
+        description="Puts image2's batch after image1's; image2 is cropped to image1's proportions from the centre "
+                    "and resized to its size when they differ. (Batch Images with any number of inputs is "
+                    "BatchImagesNode.)",
+        execute=_image_batch, inputs=[Input.link("image1", "IMAGE"), Input.link("image2", "IMAGE")],
+        outputs=[Output("IMAGE")],
+    ),
+    NodeSpec(
+        node_id="RepeatImageBatch", display_name="RepeatImageBatch", category="image/batch",
+        python_module="comfy_extras.nodes_images",
+        description="The batch repeated `amount` times, one copy after the other.",
+        execute=_repeat_image_batch,
+        inputs=[Input.link("image", "IMAGE"), Input.int("amount", 1, min=1, max=4096, tooltip="How many copies.")],
+        outputs=[Output("IMAGE")],
+    ),
+    NodeSpec(
+        node_id="ImageInvert", display_name="Invert Image", category="image", python_module="nodes",
+        description="1 minus every channel value: a negative of the images.",
+        execute=_image_invert, inputs=[Input.link("image", "IMAGE")], outputs=[Output("IMAGE")],
+    ),
+    NodeSpec(
+        node_id="MaskToImage", display_name="Convert Mask to Image", category="mask",
+        python_module="comfy_extras.nodes_mask",
+        description="The MASK as grey images: each of the three channels holds the mask's value.",
+        execute=_mask_to_image, inputs=[Input.link("mask", "MASK")], outputs=[Output("IMAGE")],
+    ),
+    NodeSpec(
+        node_id="SolidMask", display_name="SolidMask", category="mask", python_module="comfy_extras.nodes_mask",
+        description="One MASK of the given size, the same value everywhere.",
+        execute=_solid_mask,
+        inputs=[Input.float("value", 1.0, min=0.0, max=1.0, step=0.01, tooltip="The value of every pixel."),
+                Input.int("width", 512, min=1, max=MAX_RESOLUTION, step=1),
+                Input.int("height", 512, min=1, max=MAX_RESOLUTION, step=1)],
+        outputs=[Output("MASK")],
     ),
 ]

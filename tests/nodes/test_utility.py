@@ -18,7 +18,7 @@ from nodes import conditioning, image, media, sampling, utility
 
 # Nodes added because at least three official templates use them, besides those of nodes/utility.py.
 TEMPLATE_CORE = {"SaveImageAdvanced", "ImageCompare", "SaveAudioAdvanced", "KSamplerAdvanced", "DisableNoise",
-                 "CFGGuider", "ManualSigmas", "ConditioningZeroOut"}
+                 "CFGGuider", "ManualSigmas", "ConditioningZeroOut", "SplitSigmas", "SetFirstSigma"}
 SPECS = {spec.node_id: spec for spec in utility.NODES}
 SPECS.update({spec.node_id: spec for module in (image, media, sampling, conditioning) for spec in module.NODES
               if spec.node_id in TEMPLATE_CORE})
@@ -190,3 +190,28 @@ def test_save_audio_advanced_refuses_an_unknown_quality(ctx):
     audio = {"waveform": torch.zeros(1, 1, 100), "sample_rate": 24000}
     with pytest.raises(ValueError, match="SaveAudioAdvanced: input 'format.quality' is '999k'; mp3 takes V0"):
         run("SaveAudioAdvanced", audio=audio, filename_prefix="a", format={"format": "mp3", "quality": "999k"})
+
+
+def test_image_batch_repeat_invert_and_masks_as_images():
+    a, b = torch.rand(1, 4, 6, 3), torch.rand(2, 8, 12, 3)
+    (joined,) = run("ImageBatch", image1=a, image2=b)
+    assert joined.shape == (3, 4, 6, 3) and torch.equal(joined[0], a[0])
+    (repeated,) = run("RepeatImageBatch", image=b, amount=3)
+    assert repeated.shape == (6, 8, 12, 3) and torch.equal(repeated[4], b[0]) and torch.equal(repeated[5], b[1])
+    (inverted,) = run("ImageInvert", image=a)
+    torch.testing.assert_close(inverted + a, torch.ones_like(a))
+    mask = torch.rand(2, 5, 7)
+    (grey,) = run("MaskToImage", mask=mask)
+    assert grey.shape == (2, 5, 7, 3) and all(torch.equal(grey[..., c], mask) for c in range(3))
+    (solid,) = run("SolidMask", value=0.25, width=7, height=5)
+    assert solid.shape == (1, 5, 7) and torch.equal(solid, torch.full((1, 5, 7), 0.25))
+
+
+def test_split_and_set_first_sigma():
+    sigmas = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    high, low = run("SplitSigmas", sigmas=sigmas, step=2)
+    assert torch.equal(high, torch.tensor([1.0, 0.75, 0.5])) and torch.equal(low, torch.tensor([0.5, 0.25, 0.0]))
+    (changed,) = run("SetFirstSigma", sigmas=sigmas, sigma=0.9)
+    assert torch.equal(changed, torch.tensor([0.9, 0.75, 0.5, 0.25, 0.0])) and sigmas[0] == 1.0
+    with pytest.raises(ValueError, match="SetFirstSigma: input 'sigmas' is empty"):
+        run("SetFirstSigma", sigmas=torch.zeros(0), sigma=1.0)
