@@ -94,6 +94,10 @@ def _scratch_args(args: argparse.Namespace, scratch: Path) -> argparse.Namespace
     return changed
 
 
+# Ray's notice, on every start of a local instance, that it turned token authentication on (as it should:
+# it stays on). The notice that it is off is a warning about a real risk and is left alone.
+RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"  # provenance: interface
+RAY_TOKEN_ON_NOTICE = "Token authentication is enabled for this Ray cluster"  # provenance: interface
 CHILD_STOP_S = 10.0  # how long the actor waits for its child to end after the pipe closed
 
 
@@ -467,6 +471,19 @@ def ray_group_pool(runtime: Any, recipes: list[RuntimeRecipe], ranks: int, *, ti
 LOCAL_POOL_RECORD = "ray_local_pool.json"  # under the user folder: the local pool's processes (cluster.reaper)
 
 
+class _DropTokenOnNotice(logging.Filter):
+    """Drops Ray's "token authentication is enabled" notice; every other record of its logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(RAY_TOKEN_ON_NOTICE)
+
+
+def _quiet_token_notice() -> None:
+    token_logger = logging.getLogger(RAY_TOKEN_LOGGER)
+    if not any(isinstance(f, _DropTokenOnNotice) for f in token_logger.filters):
+        token_logger.addFilter(_DropTokenOnNotice())
+
+
 def _bind_to_loopback() -> None:
     """Make a local Ray listen on 127.0.0.1 only. Ray resolves a node address of 127.0.0.1 to the
     machine's outward address unless it believes clusters are off; with that switch off every service
@@ -524,6 +541,7 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_
         if left:
             logger.warning("ended %d Ray process(es) a previous server left running", left)
     _bind_to_loopback()
+    _quiet_token_notice()
     ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, include_dashboard=False,
              _node_ip_address="127.0.0.1", runtime_env=runtime_env, logging_level=logging.WARNING)
     if record_dir is not None:

@@ -86,6 +86,9 @@ def main(argv: list[str]) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
+    # Ctrl-C in the server's terminal reaches the whole process group; the server then shuts Ray down and
+    # stops the reaper itself, which must keep its record up to date until then (and print nothing).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_parent_death_signal(signal.SIGTERM)
     while True:
         if os.getppid() != server_pid:  # the server died before the parent-death signal was set

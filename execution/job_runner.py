@@ -253,6 +253,7 @@ class JobRunner:
                     logger.exception("the dispatcher failed")
             if dispatched:
                 continue
+            self._read_boot_messages(idle)
             with self._wake:
                 if self._all_idle():
                     self.idle.set()
@@ -309,6 +310,16 @@ class JobRunner:
     @staticmethod
     def _is_ready(slot: WorkerSlot) -> bool:
         return slot.worker.is_ready()
+
+    def _read_boot_messages(self, idle: list[WorkerSlot]) -> None:
+        """Ask each idle worker that is still starting whether it is ready, so a worker started with the
+        server reports ready (in /system_stats) as soon as it is, not when the first job reaches it. Only
+        this thread asks an idle worker; a busy one is read by its own slot's thread."""
+        for slot in idle:
+            try:
+                self._is_ready(slot)
+            except Exception:  # a worker that cannot answer is asked again on the next pass
+                logger.exception("worker %s: could not read whether it is ready", slot.name)
 
     @staticmethod
     def _missing(slot: WorkerSlot, models: Any) -> list:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -591,6 +592,9 @@ def start_failure(exc: BaseException) -> WorkerFailure:
 def serve_worker(connection: Any, recipe: RuntimeRecipe) -> None:
     """The child process's entry point: build the runtime, then serve jobs over `connection`."""
     _die_with_parent()
+    # Ctrl-C in the server's terminal reaches this process too (one process group). The server stops its
+    # worker itself, and jobs are interrupted by message, so the key press must not end (or print from) it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from execution import isolation
 
     isolation.protect()  # packs the runtime loads here may reorder sys.path too

@@ -1,4 +1,4 @@
-"""AUDIO values: checking, resampling, channel and length fitting, decoding any file, writing FLAC."""
+"""AUDIO values: checking, resampling, channel and length fitting, decoding any file, writing FLAC, MP3 and Opus."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -168,6 +168,49 @@ def available_encoder(label: str, candidates: tuple[str, ...]) -> str:
         f"this PyAV/FFmpeg build has no {label} encoder (looked for {', '.join(candidates)}); "
         f"install a PyAV wheel that ships one (the PyPI 'av' wheels carry libx264 and aac)"
     )
+
+
+# The lossy formats SaveAudioAdvanced writes: container, encoder candidates, the sample rates the encoder
+# takes (None: any), and per quality name either a constant bit rate or a LAME VBR level ("V0" is level 0).
+LOSSY_FORMATS: dict[str, dict[str, Any]] = {
+    "mp3": {"container": "mp3", "encoders": ("libmp3lame", "mp3"), "rates": None,
+            "qualities": {"V0": ("vbr", 0), "128k": ("cbr", 128_000), "320k": ("cbr", 320_000)}},
+    "opus": {"container": "ogg", "encoders": ("libopus", "opus"), "rates": (48000, 24000, 16000, 12000, 8000),
+             "qualities": {name: ("cbr", int(name[:-1]) * 1000) for name in ("64k", "96k", "128k", "192k", "320k")}},
+}
+_LAME_QUALITY_STEP = 118  # FFmpeg's lambda per quality unit: global_quality = level * this
+
+
+def write_lossy(path: Path, waveform: torch.Tensor, sample_rate_hz: int, *, format: str, quality: str,
+                metadata: dict[str, Any] | None = None) -> None:
+    """Write one clip (C, S) as MP3 or Opus (`LOSSY_FORMATS`) at `path`, with `metadata` as JSON tags.
+
+    Opus takes only a few sample rates: other sounds are resampled to 48 kHz first."""
+    spec = LOSSY_FORMATS[format]
+    mode, amount = spec["qualities"][quality]
+    channels = int(waveform.shape[0])
+    if not 1 <= channels <= 2:
+        raise ValueError(f"{format} is written here with 1 or 2 channels; this sound has {channels}")
+    rate = int(sample_rate_hz)
+    if spec["rates"] is not None and rate not in spec["rates"]:
+        waveform, rate = resample_waveform(waveform, rate, 48000), 48000
+    layout = channel_layout(channels)
+    samples = np.ascontiguousarray(waveform.detach().float().clamp(-1, 1).cpu().numpy())
+    with staged_file(path) as staging, av.open(str(staging), mode="w", format=spec["container"]) as container:
+        for key, value in (metadata or {}).items():
+            container.metadata[str(key)] = json.dumps(value)
+        track = container.add_stream(available_encoder(format, spec["encoders"]), rate=rate, layout=layout)
+        if mode == "vbr":
+            track.codec_context.options = {"flags": "+qscale", "global_quality": str(amount * _LAME_QUALITY_STEP)}
+        else:
+            track.codec_context.bit_rate = amount
+        block = av.AudioFrame.from_ndarray(samples, format="fltp", layout=layout)
+        block.sample_rate = rate
+        block.pts = 0
+        for packet in track.encode(block):
+            container.mux(packet)
+        for packet in track.encode(None):
+            container.mux(packet)
 
 
 def write_flac(path: Path, waveform: torch.Tensor, sample_rate_hz: int, *,

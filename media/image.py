@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import io
 import json
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,26 @@ def encode_png(frame: torch.Tensor, *, compress_level: int, metadata: dict[str, 
     out = io.BytesIO()
     tensor_to_pil(frame).save(out, format="PNG", pnginfo=text, compress_level=compress_level)
     return out.getvalue()
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def encode_png16(frame: torch.Tensor, *, compress_level: int, metadata: dict[str, Any] | None = None) -> bytes:
+    """One frame (H, W, C) in 0..1 as a 16-bit-per-channel PNG (grey, RGB or RGBA by C), each `metadata`
+    value stored as a JSON text chunk. Pillow writes 16 bits only for grey, so the file is assembled here:
+    rows of big-endian samples, each behind filter byte 0, deflated into one IDAT."""
+    pixels = (frame.detach().float().clamp(0, 1) * 65535.0).round().to(torch.int32).cpu().numpy()
+    height, width, channels = pixels.shape
+    colour_type = {1: 0, 3: 2, 4: 6}[channels]  # PNG's grey, truecolour, truecolour with alpha
+    rows = pixels.astype(">u2").reshape(height, width * channels).view(np.uint8)
+    raw = np.concatenate([np.zeros((height, 1), dtype=np.uint8), rows], axis=1).tobytes()
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    text = b"".join(_png_chunk(b"tEXt", str(key).encode("latin-1") + b"\0" + json.dumps(value).encode("latin-1"))
+                    for key, value in (metadata or {}).items())
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + text
+            + _png_chunk(b"IDAT", zlib.compress(raw, compress_level)) + _png_chunk(b"IEND", b""))
 
 
 def _rgb_plane(frame: Image.Image) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Image nodes: load, save, preview, fill, resize and measure IMAGE batches.
+"""Image nodes: load, save (plain or with a choice of format), preview, compare, fill, resize and measure
+IMAGE batches.
 
 The pixel work (decoding, PNG encoding, cropping, resizing) is in `media.image`; the folders in
 `nodes.files`. IMAGE is (B, H, W, C) in 0..1; the MASK LoadImage gives is 1 where the picture is
@@ -15,8 +16,8 @@ import torch
 from execution.context import current
 from execution.paths import atomic_write_bytes
 from media.image import (
-    CROP_METHODS, IMAGE_EXTENSIONS, UPSCALE_METHODS, check_image, encode_png, load_image_file, scale_batch,
-    scale_images,
+    CROP_METHODS, IMAGE_EXTENSIONS, UPSCALE_METHODS, check_image, encode_png, encode_png16, load_image_file,
+    scale_batch, scale_images,
 )
 from nodes import MAX_RESOLUTION
 from nodes.files import file_metadata, output_target, temp_prefix
@@ -38,13 +39,13 @@ def _load_image(image: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _write_pngs(node: str, images: torch.Tensor, prefix: str, kind: str, compress_level: int,
-                metadata: dict[str, Any]) -> list[dict[str, str]]:
-    images = check_image(node, images, "images")
+                metadata: dict[str, Any], *, encode=encode_png, name: str = "images") -> list[dict[str, str]]:
+    images = check_image(node, images, name)
     written = []
     for index, frame in enumerate(images):
         path, filename, subfolder = output_target(kind, prefix.replace("%batch_num%", str(index)), "png",
                                                   width=int(frame.shape[1]), height=int(frame.shape[0]))
-        atomic_write_bytes(path, encode_png(frame, compress_level=compress_level, metadata=metadata))
+        atomic_write_bytes(path, encode(frame, compress_level=compress_level, metadata=metadata))
         written.append({"filename": filename, "subfolder": subfolder, "type": kind})
     return written
 
@@ -60,6 +61,34 @@ def _preview_image(images: torch.Tensor, prompt: Any = None, extra_pnginfo: Any 
     written = _write_pngs("PreviewImage", images, temp_prefix(), "temp", PREVIEW_COMPRESS_LEVEL,
                           file_metadata(prompt, extra_pnginfo))
     return NodeOutput.of(images, ui={"images": written})
+
+
+# SaveImageAdvanced's formats and their options. ComfyUI offers EXR and AVIF as well; Weft writes PNG only.
+PNG_BIT_DEPTHS = {"8-bit": encode_png, "16-bit": encode_png16}
+
+
+def _save_image_advanced(images: torch.Tensor, filename_prefix: str, format: dict, prompt: Any = None,
+                         extra_pnginfo: Any = None) -> NodeOutput:
+    node = "SaveImageAdvanced"
+    chosen = format.get("format") if isinstance(format, dict) else format
+    if chosen != "png":
+        raise ValueError(f"{node}: input 'format' is {chosen!r}; Weft writes only 'png' (8 or 16 bits per channel)")
+    depth = format.get("bit_depth", "8-bit")
+    if depth not in PNG_BIT_DEPTHS:
+        raise ValueError(f"{node}: input 'format.bit_depth' is {depth!r}; the choices are {', '.join(PNG_BIT_DEPTHS)}")
+    written = _write_pngs(node, images, filename_prefix, "output", PNG_COMPRESS_LEVEL,
+                          file_metadata(prompt, extra_pnginfo), encode=PNG_BIT_DEPTHS[depth])
+    return NodeOutput.of(images, ui={"images": written})
+
+
+def _image_compare(image_a: torch.Tensor | None = None, image_b: torch.Tensor | None = None,
+                   compare_view: Any = None) -> NodeOutput:
+    # The editor's slider shows the two sides from these lists; either side may be left unconnected.
+    sides = {}
+    for key, name, value in (("a_images", "image_a", image_a), ("b_images", "image_b", image_b)):
+        sides[key] = [] if value is None else _write_pngs("ImageCompare", value, temp_prefix(), "temp",
+                                                          PREVIEW_COMPRESS_LEVEL, {}, name=name)
+    return NodeOutput(ui=sides)
 
 
 def _empty_image(width: int, height: int, batch_size: int, color: int) -> tuple[torch.Tensor]:
@@ -178,6 +207,7 @@ def _get_image_size(image: torch.Tensor, unique_id: Any = None) -> tuple[int, in
     return width, height, count
 
 
+_HIDDEN_METADATA = [Input.hidden("prompt", "PROMPT"), Input.hidden("extra_pnginfo", "EXTRA_PNGINFO")]
 _CROP = Input.combo("crop", list(CROP_METHODS), "center",
                     tooltip="When the new shape differs: 'center' cuts the middle to the new proportions first, "
                             "'disabled' stretches.")
@@ -324,5 +354,40 @@ NODES = [
         execute=_rebatch_images, input_is_list=True,
         inputs=[Input.link("images", "IMAGE"), Input.int("batch_size", 1, min=1, max=4096)],
         outputs=[Output("IMAGE", is_list=True)],
+    ),
+    NodeSpec(
+        node_id="SaveImageAdvanced", display_name="Save Image (Advanced)", category="image", python_module=
+        "comfy_extras.nodes_images",
+        description="Writes every image of the batch as a numbered file in the output folder, in the format "
+                    "chosen (PNG of 8 or 16 bits per channel), with the workflow stored inside.",
+        execute=_save_image_advanced, output_node=True,
+        inputs=[
+            Input.link("images", "IMAGE", tooltip="Images to write, one file each."),
+            Input.string("filename_prefix", "ComfyUI", tooltip=_PREFIX_TOOLTIP),
+            Input.dynamic_combo("format", {"png": [
+                Input.combo("bit_depth", ["8-bit", "16-bit"], "8-bit",
+                            tooltip="Bits per channel: 16 keeps smooth gradients for further editing."),
+                Input.combo("input_color_space", ["sRGB"], "sRGB", tooltip="How the pixel values are meant: "
+                                                                             "sRGB, written as they are."),
+            ]}, tooltip="File format."),
+            *_HIDDEN_METADATA,
+        ],
+        outputs=[Output("IMAGE", "images")],
+        search_aliases=("save", "save image", "export image", "output image", "write image", "16-bit png"),
+    ),
+    NodeSpec(
+        node_id="ImageCompare", display_name="Image Compare", category="image", python_module=
+        "comfy_extras.nodes_image_compare",
+        description="Shows two images on one node with a slider between them; nothing is saved to the output "
+                    "folder.",
+        execute=_image_compare, output_node=True,
+        inputs=[
+            Input.link("image_a", "IMAGE", optional=True, tooltip="Left side of the slider."),
+            Input.link("image_b", "IMAGE", optional=True, tooltip="Right side of the slider."),
+            # The editor's slider: it holds no value a run needs, and saved workflows store none.
+            Input.link("compare_view", "IMAGECOMPARE", optional=True),
+        ],
+        outputs=[],
+        search_aliases=("compare", "before after", "slider"),
     ),
 ]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from execution.context import current
-from media.audio import check_audio, decode_audio, write_flac
+from media.audio import LOSSY_FORMATS, check_audio, decode_audio, write_flac, write_lossy
 from media.image import check_image
 from media.video import (
     AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, Video, VideoComponents, VideoConcat, VideoFile,
@@ -119,6 +119,31 @@ def _write_flacs(node: str, audio: dict, prefix: str, kind: str, metadata: dict)
         write_flac(path, clip, int(audio["sample_rate"]), metadata=metadata)
         written.append({"filename": filename, "subfolder": subfolder, "type": kind})
     return {"audio": written, AUDIO_HEALTH_KEY: checked_clips(node, audio, written)}
+
+
+def _save_audio_advanced(audio: dict, filename_prefix: str, format: dict, prompt: Any = None,
+                         extra_pnginfo: Any = None) -> NodeOutput:
+    node = "SaveAudioAdvanced"
+    chosen = format.get("format")
+    metadata = file_metadata(prompt, extra_pnginfo)
+    if chosen == "flac":
+        return NodeOutput.of(audio, ui={"audio": _write_flacs(node, audio, filename_prefix, "output", metadata)})
+    if chosen not in LOSSY_FORMATS:
+        raise ValueError(f"{node}: input 'format' is {chosen!r}; the choices are flac, {', '.join(LOSSY_FORMATS)}")
+    quality = format.get("quality")
+    if quality not in LOSSY_FORMATS[chosen]["qualities"]:
+        raise ValueError(f"{node}: input 'format.quality' is {quality!r}; {chosen} takes "
+                         f"{', '.join(LOSSY_FORMATS[chosen]['qualities'])}")
+    audio = check_audio(node, audio)
+    written = []
+    for clip in audio["waveform"]:
+        path, filename, subfolder = output_target("output", filename_prefix, chosen)
+        try:
+            write_lossy(path, clip, int(audio["sample_rate"]), format=chosen, quality=quality, metadata=metadata)
+        except ValueError as exc:
+            raise ValueError(f"{node}: {exc}") from None
+        written.append({"filename": filename, "subfolder": subfolder, "type": "output"})
+    return NodeOutput.of(audio, ui={"audio": written})
 
 
 def _save_audio(audio: dict, filename_prefix: str, prompt: Any = None,
@@ -246,5 +271,26 @@ NODES = [
         inputs=[Input.link("audio", "AUDIO"), *_HIDDEN_METADATA],
         outputs=[Output("AUDIO", "audio")],
         search_aliases=("preview", "preview audio", "play audio"),
+    ),
+    NodeSpec(
+        node_id="SaveAudioAdvanced", display_name="Save Audio", category="audio",
+        python_module="comfy_extras.nodes_audio",
+        description="Writes every clip of the AUDIO as a numbered file in the output folder: FLAC (lossless), "
+                    "MP3 or Opus at the quality chosen.",
+        execute=_save_audio_advanced, output_node=True,
+        inputs=[
+            Input.link("audio", "AUDIO"), Input.string("filename_prefix", "audio/ComfyUI"),
+            Input.dynamic_combo("format", {
+                "flac": [],
+                "mp3": [Input.combo("quality", list(LOSSY_FORMATS["mp3"]["qualities"]), "V0",
+                                    tooltip="V0: variable bit rate at LAME's best level; or a constant bit rate.")],
+                "opus": [Input.combo("quality", list(LOSSY_FORMATS["opus"]["qualities"]), "128k",
+                                     tooltip="Constant bit rate; the sound is resampled to 48 kHz when Opus cannot "
+                                             "take its rate.")],
+            }, tooltip="File format: FLAC keeps every sample, MP3 and Opus are smaller."),
+            *_HIDDEN_METADATA,
+        ],
+        outputs=[Output("AUDIO", "audio")],
+        search_aliases=("save audio", "export audio", "mp3", "opus", "flac"),
     ),
 ]

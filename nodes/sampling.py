@@ -1,7 +1,9 @@
-"""Sampling nodes: the seed, the stepper, the noise levels, the guider, and the two sampler nodes.
+"""Sampling nodes: the seed, the stepper, the noise levels, the guiders, and the three sampler nodes.
 
 What the wires carry:
 - NOISE: a `Noise`, which is a seed; `generate_noise(latent)` draws the picture and sound noise from it.
+  `NoNoise` (DisableNoise) adds none: the latent is sampled from where it is, as a second pass continues
+  a first pass's leftover noise.
 - SAMPLER: a `Sampler`, the name of the ODE stepper (euler or res_multistep).
 - SIGMAS: float32 noise levels of the picture stream, falling to 0; the sound stream's follow from them.
 - GUIDER: a `Guider`, a MODEL with the conditioning it follows (and, for CFG, a negative one and a scale).
@@ -13,6 +15,7 @@ conditioning at every step.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import torch
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 SAMPLER_NAMES = ("euler", "res_multistep")
 SCHEDULER_NAMES = ("simple",)
 SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def model_shifts(model: Any) -> tuple[float, float]:
@@ -42,6 +46,8 @@ def model_shifts(model: Any) -> tuple[float, float]:
 class Noise:
     """NOISE: the seed of the starting noise, drawn on the CPU, picture stream before sound stream."""
 
+    adds_noise = True  # whether sampling mixes this noise into the latent at the first sigma
+
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
 
@@ -53,6 +59,22 @@ class Noise:
 
     def __repr__(self) -> str:
         return f"Noise(seed={self.seed})"
+
+
+class NoNoise(Noise):
+    """NOISE that adds nothing: the latent already holds the noise of its first sigma."""
+
+    adds_noise = False
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def generate_noise(self, latent: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeros of each stream's shape."""
+        return torch.zeros_like(latent["samples"]), torch.zeros_like(latent["audio_samples"])
+
+    def __repr__(self) -> str:
+        return "NoNoise()"
 
 
 class Sampler:
@@ -111,7 +133,7 @@ class Guider:
         self.negative = negative
         self.cfg = float(cfg)
 
-    def sample(self, noise: Noise | None, latent: dict, sampler: Sampler, sigmas: torch.Tensor, *,
+    def sample(self, noise: Noise, latent: dict, sampler: Sampler, sigmas: torch.Tensor, *,
                node: str = "SamplerCustomAdvanced") -> tuple[dict, dict]:
         """(the sampled LATENT, the model's last clean estimate as a LATENT); progress is reported per step."""
         from models.h3.sampling import sample
@@ -133,9 +155,9 @@ class Guider:
         skipping = step_cache_run(self.model, sigmas, video_shift)
         try:
             with previews:
-                out = sample(runner, latent, self.positive, sigmas, noise.seed if noise is not None else 0,
-                             sampler.name, callback=on_step, video_shift=video_shift, audio_shift=audio_shift,
-                             add_noise=noise is not None, step_cache=skipping)
+                out = sample(runner, latent, self.positive, sigmas, noise.seed, sampler.name, callback=on_step,
+                             video_shift=video_shift, audio_shift=audio_shift, add_noise=noise.adds_noise,
+                             step_cache=skipping)
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from None
         if skipping is not None:
@@ -207,6 +229,47 @@ def _basic_scheduler(model: Any, scheduler: str, steps: int, denoise: float) -> 
     return (_schedule("BasicScheduler", check_model("BasicScheduler", model), scheduler, steps, denoise),)
 
 
+def _disable_noise() -> tuple[Noise]:
+    return (NoNoise(),)
+
+
+def _manual_sigmas(sigmas: str) -> tuple[torch.Tensor]:
+    # Every number in the text, whatever separates them ("1, 0.5", "1 0.5 0", one per line).
+    values = [float(text) for text in _NUMBER.findall(sigmas)]
+    if not values:
+        raise ValueError(f"ManualSigmas: input 'sigmas' holds no number ({sigmas!r}); write the noise levels "
+                         "separated by commas, such as '1.0, 0.5, 0.0'")
+    return (torch.tensor(values, dtype=torch.float32),)
+
+
+def _check_sigmas(node: str, sigmas: Any) -> torch.Tensor:
+    if not isinstance(sigmas, torch.Tensor) or sigmas.dim() != 1:
+        raise TypeError(f"{node}: input 'sigmas' takes SIGMAS (a list of noise levels), got "
+                        f"{type(sigmas).__name__}")
+    return sigmas
+
+
+def _split_sigmas(sigmas: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Both parts keep the sigma at `step`: the first ends there, the second starts there.
+    sigmas = _check_sigmas("SplitSigmas", sigmas)
+    return sigmas[:int(step) + 1], sigmas[int(step):]
+
+
+def _set_first_sigma(sigmas: torch.Tensor, sigma: float) -> tuple[torch.Tensor]:
+    sigmas = _check_sigmas("SetFirstSigma", sigmas).clone()
+    if sigmas.numel() == 0:
+        raise ValueError("SetFirstSigma: input 'sigmas' is empty; there is no first noise level to set")
+    sigmas[0] = float(sigma)
+    return (sigmas,)
+
+
+def _cfg_guider(model: Any, positive: list, negative: list, cfg: float) -> tuple[Guider]:
+    node = "CFGGuider"
+    model = check_model(node, model)
+    return (Guider(model, _check_conditioning(node, positive, "positive"),
+                   _check_conditioning(node, negative, "negative"), cfg),)
+
+
 def _basic_guider(model: Any, conditioning: list) -> tuple[Guider]:
     model = check_model("BasicGuider", model)
     return (Guider(model, _check_conditioning("BasicGuider", conditioning, "conditioning")),)
@@ -232,7 +295,43 @@ def _ksampler(model: Any, seed: int, steps: int, cfg: float, sampler_name: str, 
     return (out,)
 
 
+def advanced_schedule(schedule: torch.Tensor, start_at_step: int, end_at_step: int,
+                      leftover_noise: bool) -> torch.Tensor:
+    """The part of a `steps`-step schedule that steps start_at_step..end_at_step run (KSamplerAdvanced).
+
+    Ending early keeps that step's sigma as the last one (the latent keeps its noise) when `leftover_noise`,
+    else the last sigma becomes 0 so the part ends on a clean estimate. Fewer than two sigmas: no step runs.
+    """
+    sigmas = schedule.clone()
+    if end_at_step < sigmas.numel() - 1:
+        sigmas = sigmas[:end_at_step + 1]
+        if not leftover_noise:
+            sigmas[-1] = 0.0
+    if start_at_step >= sigmas.numel() - 1:
+        return sigmas[:0]
+    return sigmas[start_at_step:]
+
+
+def _ksampler_advanced(model: Any, add_noise: str, noise_seed: int, steps: int, cfg: float, sampler_name: str,
+                       scheduler: str, positive: list, negative: list, latent_image: dict, start_at_step: int,
+                       end_at_step: int, return_with_leftover_noise: str) -> tuple[dict]:
+    node = "KSamplerAdvanced"
+    model = check_model(node, model)
+    sigmas = advanced_schedule(_schedule(node, model, scheduler, steps, 1.0), int(start_at_step), int(end_at_step),
+                               return_with_leftover_noise == "enable")
+    if sigmas.numel() < 2:  # the range holds no step: the latent passes through as it came
+        return (check_latent(node, latent_image, need=("samples", "audio_samples"), name="latent_image"),)
+    guider = Guider(model, _check_conditioning(node, positive, "positive"),
+                    _check_conditioning(node, negative, "negative"), cfg)
+    noise = Noise(noise_seed) if add_noise == "enable" else NoNoise()
+    out, _ = guider.sample(noise, latent_image, Sampler(sampler_name), sigmas, node=node)
+    return (out,)
+
+
 _SEED_TIP = "Seed of the starting noise; the same seed and settings give the same result."
+_CFG_TIP = ("Classifier-free guidance scale. At 1.0 the negative prompt is unused and each step is one model "
+            "call, which suits the distilled H3 models.")
+_ENABLE = ("enable", "disable")
 
 NODES = [
     NodeSpec(
@@ -287,9 +386,7 @@ NODES = [
             Input.link("model", "MODEL", tooltip="Diffusion model that predicts each step."),
             Input.int("seed", 0, min=0, max=SEED_MAX, control_after_generate=True, tooltip=_SEED_TIP),
             Input.int("steps", 20, min=1, max=10000, tooltip="How many model steps to take from noise to result."),
-            Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                        tooltip="Classifier-free guidance scale. At 1.0 the negative prompt is unused and each step "
-                                "is one model call, which suits the distilled H3 models."),
+            Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01, tooltip=_CFG_TIP),
             Input.combo("sampler_name", list(SAMPLER_NAMES), "euler",
                         tooltip="ODE stepper; see KSamplerSelect."),
             Input.combo("scheduler", list(SCHEDULER_NAMES), "simple",
@@ -303,5 +400,75 @@ NODES = [
                                 "more of the starting latent."),
         ],
         outputs=[Output("LATENT", tooltip="The sampled latent.")],
+    ),
+    NodeSpec(
+        node_id="KSamplerAdvanced", display_name="KSampler (Advanced)", category="sampling", python_module="nodes",
+        description="KSampler that runs only steps start_at_step to end_at_step of its schedule, so several "
+                    "samplers can share one schedule: the first adds the noise and stops with noise left, the next "
+                    "continues from there without adding any.",
+        execute=_ksampler_advanced,
+        inputs=[
+            Input.link("model", "MODEL", tooltip="Diffusion model that predicts each step."),
+            Input.combo("add_noise", list(_ENABLE), "enable",
+                        tooltip="'enable' mixes the seed's noise into the latent first; 'disable' samples the "
+                                "latent as it comes, as a second pass does."),
+            Input.int("noise_seed", 0, min=0, max=SEED_MAX, control_after_generate=True, tooltip=_SEED_TIP),
+            Input.int("steps", 20, min=1, max=10000, tooltip="Steps of the whole schedule the range is cut from."),
+            Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01, tooltip=_CFG_TIP),
+            Input.combo("sampler_name", list(SAMPLER_NAMES), "euler", tooltip="ODE stepper; see KSamplerSelect."),
+            Input.combo("scheduler", list(SCHEDULER_NAMES), "simple",
+                        tooltip="How the noise levels are spaced over the steps."),
+            Input.link("positive", "CONDITIONING", tooltip="Encoded prompt the result should follow."),
+            Input.link("negative", "CONDITIONING", tooltip="Encoded prompt the result should move away from (used "
+                                                           "only when cfg is not 1)."),
+            Input.link("latent_image", "LATENT", tooltip="Latent to sample; its size and length set the output's."),
+            Input.int("start_at_step", 0, min=0, max=10000, tooltip="First step of the schedule to run."),
+            Input.int("end_at_step", 10000, min=0, max=10000,
+                      tooltip="Step to stop at; at or past `steps` the schedule runs to its end."),
+            Input.combo("return_with_leftover_noise", list(reversed(_ENABLE)), "disable",
+                        tooltip="When stopping early: 'enable' returns the latent with the noise of the step it "
+                                "stopped at, for a later sampler; 'disable' finishes on a clean estimate."),
+        ],
+        outputs=[Output("LATENT", tooltip="The sampled latent.")],
+    ),
+    NodeSpec(
+        node_id="DisableNoise", display_name="DisableNoise", category="sampling/custom_sampling/noise",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_disable_noise,
+        description="NOISE that adds nothing, for sampling a latent that already holds its noise (a second pass).",
+        inputs=[], outputs=[Output("NOISE")],
+    ),
+    NodeSpec(
+        node_id="CFGGuider", display_name="CFGGuider", category="sampling/custom_sampling/guiders",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_cfg_guider,
+        description="A guider with a prompt to follow and one to avoid, mixed by cfg at every step.",
+        inputs=[Input.link("model", "MODEL"), Input.link("positive", "CONDITIONING"),
+                Input.link("negative", "CONDITIONING"),
+                Input.float("cfg", 8.0, min=0.0, max=100.0, step=0.1, round=0.01, tooltip=_CFG_TIP)],
+        outputs=[Output("GUIDER")],
+    ),
+    NodeSpec(
+        node_id="ManualSigmas", display_name="ManualSigmas", category="_for_testing/custom_sampling",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_manual_sigmas,
+        description="Noise levels written by hand: every number in the text, in order.",
+        inputs=[Input.string("sigmas", "1, 0.5", tooltip="Noise levels from first to last, such as "
+                                                          "'1.0, 0.7, 0.4, 0.0'; a schedule usually ends at 0.")],
+        outputs=[Output("SIGMAS")],
+        search_aliases=("custom noise schedule", "define sigmas"),
+    ),
+    NodeSpec(
+        node_id="SplitSigmas", display_name="SplitSigmas", category="sampling/custom_sampling/sigmas",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_split_sigmas,
+        description="Cuts a schedule at `step` into the noisier first part and the rest, for two samplers in turn; "
+                    "the sigma at `step` ends the first and starts the second.",
+        inputs=[Input.link("sigmas", "SIGMAS"), Input.int("step", 0, min=0, max=10000)],
+        outputs=[Output("SIGMAS", "high_sigmas"), Output("SIGMAS", "low_sigmas")],
+    ),
+    NodeSpec(
+        node_id="SetFirstSigma", display_name="SetFirstSigma", category="sampling/custom_sampling/sigmas",
+        python_module="comfy_extras.nodes_custom_sampler", execute=_set_first_sigma,
+        description="The schedule with its first noise level replaced.",
+        inputs=[Input.link("sigmas", "SIGMAS"),
+                Input.float("sigma", 136.0, min=0.0, max=20000.0, step=0.001, round=False)],
+        outputs=[Output("SIGMAS")],
     ),
 ]

@@ -92,3 +92,49 @@ def test_durability_with_two_local_ray_workers(tmp_path):
     # Server kills restart Ray each time (tens of seconds here), so fewer kills than the single worker's test.
     check_durability(tmp_path, _pool_server(tmp_path), jobs=40, server_kills=3, worker_kills=5, runs_logged=False,
                      seed=32)
+
+
+def test_a_quiet_start_and_stop_with_workers_ready_before_any_job(tmp_path):
+    """A user's `--workers 1` start and Ctrl-C: the worker reports ready with no job sent, the terminal shows
+    neither Ray's token notice nor a traceback nor a leaked-resource warning, and the temporary folder
+    keeps no `weft-ray-*` scratch folder afterwards."""
+    import shutil
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="wq"))  # short: Ray's socket paths under it must stay under 108 bytes
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.web.serve", "--light", "--base-directory", str(tmp_path), "--port",
+             str(port), "--workers", "1", "--worker-threads", "1"], cwd=ROOT, stdout=log, stderr=log,
+            env={**os.environ, "TMPDIR": str(temp)}, start_new_session=True)
+        try:
+            deadline = time.monotonic() + RAY_START_S
+            workers: list = []
+            while time.monotonic() < deadline and not (workers and all(w["ready"] for w in workers)):
+                time.sleep(0.5)
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/system_stats", timeout=5) as response:
+                        workers = json.loads(response.read())["workers"]
+                except OSError:
+                    pass
+                assert process.poll() is None, log_path.read_text(errors="replace")
+            assert workers and all(w["ready"] and w.get("pid") for w in workers), workers
+            assert any(p.name.startswith("weft-ray-") for p in temp.iterdir())  # the actor's scratch, while up
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends: the whole group
+            except ProcessLookupError:  # it ended by itself (the assertion above says why)
+                pass
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    text = log_path.read_text(errors="replace")
+    left = [p.name for p in temp.iterdir() if p.name.startswith("weft-ray-")]
+    shutil.rmtree(temp, ignore_errors=True)
+    for noise in ("Token authentication is enabled", "Traceback", "leaked semaphore", "KeyboardInterrupt"):
+        assert noise not in text, text
+    assert not left

@@ -137,3 +137,37 @@ def test_the_runner_takes_only_workers():
 
     with pytest.raises(TypeError, match="execution.worker.Worker"):
         JobRunner(None, JobHooks(validate=None, run=None, make_control=JobControl), workers=[object()])
+
+
+def test_a_worker_started_with_the_runner_reports_ready_before_any_job(tmp_path):
+    """The pool's workers start with the server; each says it is ready (in /system_stats) once its runtime
+    is up, with no job needed to read that."""
+    from execution.worker import RemoteWorker
+    from execution.worker_messages import WorkerReady
+    from tests.execution.test_worker import ScriptedTransport
+
+    class SlowBoot(ScriptedTransport):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.outbox = []
+            self.booted = threading.Event()
+
+        def receive(self, timeout: float):
+            if self.booted.is_set() and not self.outbox:
+                self.outbox.append(WorkerReady(info={"pid": 42}))
+                self.booted.clear()
+            return super().receive(timeout)
+
+    transport = SlowBoot()
+    worker = RemoteWorker(lambda: transport, events=None, name="w-0")
+    runner = JobRunner(JobStore(tmp_path / "jobs.sqlite3"), JobHooks(validate=None, run=None, make_control=JobControl),
+                       worker=worker)
+    runner.start()
+    try:
+        time.sleep(0.2)
+        assert worker.describe()["ready"] is False  # still starting
+        transport.booted.set()
+        _wait(lambda: worker.describe()["ready"], timeout=5.0)
+        assert worker.describe()["pid"] == 42
+    finally:
+        runner.stop()

@@ -433,6 +433,90 @@ def test_ksampler_with_cfg_1_matches_the_custom_sampler(h3):
     assert torch.isfinite(guided["samples"]).all()
 
 
+def test_ksampler_advanced_whole_range_matches_ksampler_and_two_passes_match_one(h3):
+    prompt = t2va_prompt(steps=2, seed=3, save_video=False)
+    common = {"model": ["unet", 0], "steps": 2, "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple",
+              "positive": ["text", 0], "negative": ["zero", 0]}
+    prompt["zero"] = {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["text", 0]}}
+    prompt["ks"] = {"class_type": "KSampler", "inputs": {**common, "seed": 3, "latent_image": ["empty", 0],
+                                                         "denoise": 1.0}}
+    advanced = {**common, "add_noise": "enable", "noise_seed": 3, "latent_image": ["empty", 0], "start_at_step": 0,
+                "end_at_step": 10000, "return_with_leftover_noise": "disable"}
+    prompt["whole"] = {"class_type": "KSamplerAdvanced", "inputs": advanced}
+    # The two-pass pattern of the official templates: the first pass stops with its noise left, the second
+    # continues from it without adding any.
+    prompt["first"] = {"class_type": "KSamplerAdvanced", "inputs": {**advanced, "end_at_step": 1,
+                                                                    "return_with_leftover_noise": "enable"}}
+    prompt["second"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        **advanced, "add_noise": "disable", "latent_image": ["first", 0], "start_at_step": 1}}
+    prompt["cut"] = {"class_type": "KSamplerAdvanced", "inputs": {**advanced, "end_at_step": 1}}
+    prompt["none"] = {"class_type": "KSamplerAdvanced", "inputs": {**advanced, "start_at_step": 2}}
+    for name in ("ks", "whole", "first", "second", "cut", "none"):
+        prompt[f"probe_{name}"] = {"class_type": "TestOutput", "inputs": {"value": [name, 0]}}
+    result = h3.run(prompt)
+    ks, whole, first, second, cut, none = (probe(result, f"probe_{n}") for n in
+                                           ("ks", "whole", "first", "second", "cut", "none"))
+    assert torch.equal(ks["samples"], whole["samples"]) and torch.equal(ks["audio_samples"], whole["audio_samples"])
+    assert torch.allclose(second["samples"], whole["samples"], atol=1e-6)
+    assert torch.allclose(second["audio_samples"], whole["audio_samples"], atol=1e-6)
+    assert not torch.allclose(first["samples"], whole["samples"], atol=1e-3)  # still noisy after one step
+    assert not torch.allclose(cut["samples"], first["samples"], atol=1e-3)  # one step, ended on a clean estimate
+    assert torch.equal(none["samples"], torch.zeros_like(none["samples"]))  # no step in range: passed through
+
+
+def test_advanced_schedule_cuts_the_steps_asked_for():
+    from nodes.sampling import advanced_schedule
+
+    schedule = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert torch.equal(advanced_schedule(schedule, 0, 10000, False), schedule)
+    assert torch.equal(advanced_schedule(schedule, 1, 3, True), torch.tensor([0.75, 0.5, 0.25]))
+    assert torch.equal(advanced_schedule(schedule, 1, 3, False), torch.tensor([0.75, 0.5, 0.0]))
+    assert torch.equal(advanced_schedule(schedule, 2, 10000, True), torch.tensor([0.5, 0.25, 0.0]))
+    assert advanced_schedule(schedule, 4, 10000, False).numel() == 0
+    assert advanced_schedule(schedule, 3, 2, False).numel() == 0
+
+
+def test_disable_noise_cfg_guider_and_manual_sigmas_on_the_custom_sampler(h3):
+    prompt = t2va_prompt(steps=2, seed=3, save_video=False)
+    prompt["manual"] = {"class_type": "ManualSigmas", "inputs": {"sigmas": "1.0, 0.8 0.0"}}
+    prompt["zero"] = {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["text", 0]}}
+    prompt["cfg1"] = {"class_type": "CFGGuider", "inputs": {"model": ["unet", 0], "positive": ["text", 0],
+                                                            "negative": ["zero", 0], "cfg": 1.0}}
+    prompt["cfg3"] = {"class_type": "CFGGuider", "inputs": {**prompt["cfg1"]["inputs"], "cfg": 3.0}}
+    prompt["off"] = {"class_type": "DisableNoise", "inputs": {}}
+    sample = prompt["sample"]["inputs"]
+    prompt["s_cfg1"] = {"class_type": "SamplerCustomAdvanced", "inputs": {**sample, "guider": ["cfg1", 0]}}
+    prompt["s_cfg3"] = {"class_type": "SamplerCustomAdvanced", "inputs": {**sample, "guider": ["cfg3", 0]}}
+    prompt["s_off"] = {"class_type": "SamplerCustomAdvanced", "inputs": {**sample, "noise": ["off", 0],
+                                                                        "sigmas": ["manual", 0]}}
+    prompt["ks_off"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ["unet", 0], "add_noise": "disable", "noise_seed": 99, "steps": 2, "cfg": 1.0,
+        "sampler_name": "euler", "scheduler": "simple", "positive": ["text", 0], "negative": ["text", 0],
+        "latent_image": ["empty", 0], "start_at_step": 0, "end_at_step": 10000,
+        "return_with_leftover_noise": "disable"}}
+    for name in ("manual", "zero", "s_cfg1", "s_cfg3", "s_off", "ks_off"):
+        prompt[f"probe_{name}"] = {"class_type": "TestOutput", "inputs": {"value": [name, 0]}}
+    prompt["probe_text"] = {"class_type": "TestOutput", "inputs": {"value": ["text", 0]}}
+    result = h3.run(prompt)
+    assert torch.allclose(probe(result, "probe_manual"), torch.tensor([1.0, 0.8, 0.0]))
+    text, zero = probe(result, "probe_text"), probe(result, "probe_zero")
+    assert torch.count_nonzero(text[0][0]) > 0 and torch.count_nonzero(zero[0][0]) == 0
+    assert zero[0][0].shape == text[0][0].shape and zero[0][1].keys() == text[0][1].keys()
+    assert torch.equal(probe(result, "probe_s_cfg1")["samples"], probe(result, "probe_latent")["samples"])
+    assert not torch.equal(probe(result, "probe_s_cfg3")["samples"], probe(result, "probe_latent")["samples"])
+    # Without noise the empty latent's zeros are sampled as they are: the seed no longer matters.
+    off, ks_off = probe(result, "probe_s_off"), probe(result, "probe_ks_off")
+    assert torch.isfinite(off["samples"]).all() and torch.isfinite(ks_off["samples"]).all()
+    assert not torch.equal(ks_off["samples"], probe(result, "probe_latent")["samples"])
+
+
+def test_manual_sigmas_without_a_number_names_the_input(h3):
+    prompt = {"m": {"class_type": "ManualSigmas", "inputs": {"sigmas": "none"}},
+              "o": {"class_type": "TestOutput", "inputs": {"value": ["m", 0]}}}
+    node, message = h3.run_error(prompt)
+    assert node == "ManualSigmas" and "'sigmas'" in message
+
+
 def test_denoised_output_is_the_last_estimate(h3):
     prompt = t2va_prompt(steps=2, save_video=False)
     prompt["probe_denoised"] = {"class_type": "TestOutput", "inputs": {"value": ["sample", 1]}}

@@ -25,7 +25,7 @@ from nodes.registry import builtin_registry
 from web.object_info import object_info
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_PACK = ROOT / "custom_nodes" / "example_pack"
+EXAMPLE_PACK = ROOT / "examples" / "custom_nodes" / "example_pack"
 STARTUP = Path(__file__).resolve().parent / "plugin_fixtures" / "startup"
 
 # Every broken fixture plugin and a fragment its reported reason must contain.
@@ -539,3 +539,17 @@ def test_only_the_documented_comfy_modules_exist(compat):
     importlib.import_module("comfy.utils")
     with pytest.raises(ModuleNotFoundError, match="comfy.samplers"):
         importlib.import_module("comfy.samplers")
+
+
+def test_the_example_packs_are_loaded_only_when_asked_for():
+    """A server's default plugin folder (<base>/custom_nodes) ships empty: the example packs live in
+    examples/custom_nodes and load with --custom-nodes-directory."""
+    import subprocess
+
+    try:
+        shipped = subprocess.run(["git", "ls-files", "custom_nodes"], cwd=ROOT, capture_output=True, text=True,
+                                 check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    assert shipped == ["custom_nodes/README.md"]
+    assert (EXAMPLE_PACK / "__init__.py").is_file()

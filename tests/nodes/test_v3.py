@@ -30,8 +30,8 @@ plugins.enable_compat()
 from comfy_api.latest import ComfyExtension, io, ui  # noqa: E402  (on sys.path once compat is enabled)
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_V3_PACK = ROOT / "custom_nodes" / "example_v3_pack"
-EXAMPLE_PACK = ROOT / "custom_nodes" / "example_pack"
+EXAMPLE_V3_PACK = ROOT / "examples" / "custom_nodes" / "example_v3_pack"
+EXAMPLE_PACK = ROOT / "examples" / "custom_nodes" / "example_pack"
 
 
 def registry_with(*classes: type):

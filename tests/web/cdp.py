@@ -116,8 +116,13 @@ class Browser:
     async def navigate(self, url: str) -> None:
         await self.send("Page.navigate", {"url": url})
 
-    async def screenshot(self, path: Path) -> Path:
-        shot = await self.send("Page.captureScreenshot", {"format": "png"})
+    async def screenshot(self, path: Path, *, scale: float = 1.0) -> Path:
+        """A PNG of the page, its sides multiplied by `scale`."""
+        params: dict = {"format": "png"}
+        if scale != 1.0:
+            size = await self.evaluate("[window.innerWidth, window.innerHeight]")
+            params["clip"] = {"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": scale}
+        shot = await self.send("Page.captureScreenshot", params)
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
 

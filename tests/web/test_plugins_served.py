@@ -53,8 +53,8 @@ def finished_record(base: str, prompt_id: str) -> dict:
 
 def test_example_pack_served_by_a_real_server(tmp_path):
     custom = tmp_path / "custom_nodes"
-    shutil.copytree(ROOT / "custom_nodes" / "example_pack", custom / "example_pack")
-    shutil.copytree(ROOT / "custom_nodes" / "example_v3_pack", custom / "example_v3_pack")
+    shutil.copytree(ROOT / "examples" / "custom_nodes" / "example_pack", custom / "example_pack")
+    shutil.copytree(ROOT / "examples" / "custom_nodes" / "example_v3_pack", custom / "example_v3_pack")
     (custom / "broken_pack.py").write_text("raise RuntimeError('this pack is broken on purpose')\n")
     port = free_port()
     server = subprocess.Popen([sys.executable, "main.py", "--port", str(port), "--base-directory", str(tmp_path)],
@@ -75,7 +75,7 @@ def test_example_pack_served_by_a_real_server(tmp_path):
         urls = json.loads(body)
         assert status == 200 and "/extensions/example_pack/example_pack.js" in urls
         status, script = fetch(base + "/extensions/example_pack/example_pack.js")
-        assert status == 200 and script == (ROOT / "custom_nodes/example_pack/web/example_pack.js").read_bytes()
+        assert status == 200 and script == (ROOT / "examples/custom_nodes/example_pack/web/example_pack.js").read_bytes()
         for escape in ("/extensions/example_pack/..%2f__init__.py", "/extensions/example_pack/%2e%2e/nodes.py",
                        "/extensions/example_pack/..%2f..%2f..%2fmain.py"):
             assert fetch(base + escape)[0] in (403, 404), escape
