@@ -13,6 +13,8 @@ MODEL_FOLDERS = (
     "model_patches",
 )
 MODEL_EXTENSIONS = (".safetensors", ".sft")
+# Pickle formats: never listed, whatever extensions a pack declares for a folder kind of its own.
+PICKLE_EXTENSIONS = (".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle")
 
 
 class UnsafePathError(ValueError):
@@ -90,6 +92,10 @@ class Paths:
     user: Path | None = None
     models: Path | None = None
     extra_model_dirs: dict[str, list[Path]] = field(default_factory=dict)
+    # File extensions a pack declared for a folder kind of its own (`folder_names_and_paths[kind] =
+    # (folders, {".json"})`); the pack's own set object, which it may add to later. Weft's model kinds
+    # always list safetensors files only.
+    extra_model_extensions: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.base = Path(self.base).resolve()
@@ -119,14 +125,23 @@ class Paths:
     def model_dirs(self, folder: str) -> list[Path]:
         return [self.models / folder, *self.extra_model_dirs.get(folder, [])]
 
+    def model_suffixes(self, folder: str) -> tuple[str, ...]:
+        """The extensions listed for a folder kind: safetensors for Weft's kinds and for a pack's kind
+        that declared none, else the pack's own (pickle formats never)."""
+        declared = self.extra_model_extensions.get(folder)
+        if folder in MODEL_FOLDERS or not declared:
+            return MODEL_EXTENSIONS
+        return tuple(s.lower() for s in declared if s.lower() not in PICKLE_EXTENSIONS)
+
     def list_models(self, folder: str) -> list[str]:
         """Model files in `models/<folder>` (recursively), as relative names with '/'."""
         names: set[str] = set()
+        suffixes = self.model_suffixes(folder)
         for root in self.model_dirs(folder):
             if not root.is_dir():
                 continue
             for path in root.rglob("*"):
-                if path.is_file() and path.suffix.lower() in MODEL_EXTENSIONS:
+                if path.is_file() and path.suffix.lower() in suffixes:
                     names.add(path.relative_to(root).as_posix())
         return sorted(names)
 
