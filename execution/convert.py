@@ -8,7 +8,8 @@ graph instead, so the server and the headless runner convert it here, following 
   value is followed by the widgets of the option it selects (`mode.num_iterations`). An INT input with
   `control_after_generate` (or named `seed` / `noise_seed`) is followed by the editor's extra
   "fixed"/"randomize"/... value, and an upload combo by its upload button's value; both are skipped.
-  `widgets_values_named` (or a dict-form `widgets_values`) is used instead of positions when present.
+  `widgets_values_named` (or a dict-form `widgets_values`) is used instead of positions when present;
+  a node that takes every input (`NodeSpec.takes_every_input`) also gets its other plain values.
 - a linked input takes the link instead of the widget value; links come as lists
   `[id, origin_id, origin_slot, target_id, target_slot, type]` or as objects with those keys.
 - muted nodes (mode 2) are dropped, and so are the inputs fed by them; bypassed nodes (mode 4) hand
@@ -441,6 +442,13 @@ class _Converter:
         else:
             reader = _Positional(list(raw) if isinstance(raw, list) else [])
         inputs: dict[str, Any] = {name: _wrap(value) for name, value in _walk_widgets(spec.inputs, reader, ui_inputs)}
+        if spec.takes_every_input and isinstance(reader, _Named):
+            # A node that takes every input gets the widget values it does not declare too (the options
+            # a video pack's editor script adds for the chosen format); structured values are the
+            # editor's own state (a preview's settings), never prompt inputs.
+            for name, value in reader.values.items():
+                if name not in inputs and isinstance(value, (bool, int, float, str)):
+                    inputs[name] = value
         for (target, widget), value in scope.overrides.items():
             if target == node_id and widget in inputs:
                 inputs[widget] = _wrap(value)

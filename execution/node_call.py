@@ -53,9 +53,10 @@ class NodeCaller:
         unevaluated: list[str] = []
         declared = spec.instance_inputs(node.inputs)
         # Linked inputs the node does not declare are passed too (ComfyUI does: a variadic node's editor
-        # script grows `input2`, `input3`, ... and its execute takes **kwargs); constants are not.
+        # script grows `input2`, `input3`, ... and its execute takes **kwargs); constants only to a node
+        # that takes every input.
         undeclared = [(name, None) for name, value in node.inputs.items()
-                      if name not in declared and type(value) is Link]
+                      if name not in declared and (type(value) is Link or spec.takes_every_input)]
         for name, inp in [*declared.items(), *undeclared]:
             if inp is not None and inp.executor_supplied:
                 gathered[name] = [self._hidden(node, inp.type)]

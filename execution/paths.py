@@ -17,6 +17,8 @@ GGUF_EXTENSIONS = (".gguf",)
 # Older folder names ComfyUI still searches for the same kind: models/unet holds diffusion models and
 # models/clip text encoders (files there are listed and found with those of the current folder).
 LEGACY_MODEL_FOLDERS = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
+# Pickle formats: never listed, whatever extensions a pack declares for a folder kind of its own.
+PICKLE_EXTENSIONS = (".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle")
 
 
 class UnsafePathError(ValueError):
@@ -94,6 +96,10 @@ class Paths:
     user: Path | None = None
     models: Path | None = None
     extra_model_dirs: dict[str, list[Path]] = field(default_factory=dict)
+    # File extensions a pack declared for a folder kind of its own (`folder_names_and_paths[kind] =
+    # (folders, {".json"})`); the pack's own set object, which it may add to later. Weft's model kinds
+    # always list safetensors files only.
+    extra_model_extensions: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.base = Path(self.base).resolve()
@@ -124,9 +130,19 @@ class Paths:
         legacy = [self.models / name for name in LEGACY_MODEL_FOLDERS.get(folder, ())]
         return [self.models / folder, *legacy, *self.extra_model_dirs.get(folder, [])]
 
-    def list_models(self, folder: str, suffixes: tuple[str, ...] = MODEL_EXTENSIONS) -> list[str]:
-        """Model files in `models/<folder>` (recursively) whose suffix is one of `suffixes`, as relative names with '/'."""
+    def model_suffixes(self, folder: str) -> tuple[str, ...]:
+        """The extensions listed for a folder kind: safetensors for Weft's kinds and for a pack's kind
+        that declared none, else the pack's own (pickle formats never)."""
+        declared = self.extra_model_extensions.get(folder)
+        if folder in MODEL_FOLDERS or not declared:
+            return MODEL_EXTENSIONS
+        return tuple(s.lower() for s in declared if s.lower() not in PICKLE_EXTENSIONS)
+
+    def list_models(self, folder: str, suffixes: tuple[str, ...] | None = None) -> list[str]:
+        """Model files in `models/<folder>` (recursively) whose suffix is one of `suffixes` (default: the
+        folder kind's, `model_suffixes`), as relative names with '/'."""
         names: set[str] = set()
+        suffixes = self.model_suffixes(folder) if suffixes is None else suffixes
         for root in self.model_dirs(folder):
             if not root.is_dir():
                 continue

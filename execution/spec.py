@@ -187,6 +187,10 @@ class NodeSpec:
     # does not know, defaults outside their bounds or choices, hidden inputs that are ordinary inputs the
     # editor does not show). Weft's own nodes are checked strictly.
     lenient: bool = False
+    # The node is given every input of its prompt entry, constants it does not declare included (linked
+    # ones always are). A classic pack node asks for this with a `hidden` section that claims every name
+    # (ComfyUI then passes them all): a video pack's output node reads the options its format adds so.
+    takes_every_input: bool = False
 
     def __post_init__(self):
         self.inputs = tuple(self.inputs)

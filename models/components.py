@@ -243,6 +243,17 @@ class PlacedModule:
             return self.module.decode(*args, **kwargs)
 
 
+# The methods of ComfyUI's VAE object that node packs call on a VAE wire's value themselves
+# (`vae.encode(pixels)`). Weft's VAE is encoded and decoded by its nodes; asking for one of these names
+# says so instead of a bare AttributeError (getattr with a default still gets the default).
+COMFY_VAE_METHODS = frozenset({
+    "encode", "decode", "encode_tiled", "decode_tiled", "decode_tiled_", "encode_tiled_", "decode_tiled_1d",
+    "decode_tiled_3d", "encode_tiled_1d", "encode_tiled_3d", "vae_encode_crop_pixels", "get_sd",
+    "memory_used_encode", "memory_used_decode", "spacial_compression_encode", "spacial_compression_decode",
+    "temporal_compression_decode", "throw_exception_if_invalid",
+})
+
+
 class VAE:
     """The value on a VAE wire: the H3 video VAE (`kind` "video") or audio VAE (`kind` "audio")."""
 
@@ -277,6 +288,17 @@ class VAE:
                      path=self.path, metadata=self.metadata)
         placed.preview_projection = self.preview_projection
         return placed
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names the object lacks; reads nothing of its own unless the name is one of
+        # ComfyUI's VAE methods (so copying and unpickling, which probe names, are unaffected).
+        if name in COMFY_VAE_METHODS:
+            shown = self.__dict__.get("name") or self.__dict__.get("kind", "")
+            raise AttributeError(
+                f"Weft's VAE ({shown}) has no {name}(): a custom node called ComfyUI's VAE object method "
+                f"directly, which Weft does not provide; encode and decode with Weft's VAE Encode / VAE Decode "
+                f"nodes (their outputs can feed the custom node) instead")
+        raise AttributeError(name)
 
     def __repr__(self) -> str:
         return f"VAE({self.kind!r}, {self.name!r})"

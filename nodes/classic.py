@@ -68,6 +68,11 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
             seen.add(name)
             inputs.append(input_from_declaration(node_id, name, kind, declaration))
 
+    # A `hidden` section that says it holds any name at all (a dict subclass whose `in` is always true)
+    # is how a classic node asks for every input of its prompt entry: ComfyUI looks each one up there.
+    hidden_section = declared.get("hidden")
+    takes_every_input = isinstance(hidden_section, dict) and _claims_every_name(hidden_section)
+
     # ComfyUI calls INPUT_TYPES again for every /object_info and every validation, so a combo listing
     # files sees files added since start-up: the choices are read from a fresh call each time.
     inputs = [dataclasses.replace(i, choices=_live_choices(cls, i.kind, i.name, i.choices))
@@ -160,7 +165,16 @@ def spec_from_class(node_id: str, cls: type, *, python_module: str = "custom_nod
         deprecated=bool(getattr(cls, "DEPRECATED", False)),
         experimental=bool(getattr(cls, "EXPERIMENTAL", False)),
         search_aliases=tuple(getattr(cls, "SEARCH_ALIASES", ()) or ()),
+        takes_every_input=takes_every_input,
     )
+
+
+def _claims_every_name(section: dict) -> bool:
+    """Whether a declaration section answers `in` with yes for a name nobody declares."""
+    try:
+        return "\x00weft: no input is named this" in section
+    except Exception:
+        return False
 
 
 def _live_choices(cls: type, kind: str, name: str, declared: Any):

@@ -13,8 +13,11 @@ are not passed as arguments. `fingerprint_inputs` runs before the node's inputs 
 `cls.hidden` is empty. What a V3 result holds (`io.NodeOutput` with `ui`, `expand`,
 `block_execution`; a tuple; a dict) becomes Weft's `NodeOutput`.
 
+`accept_all_inputs` gives the node every input of its prompt entry, constants it does not declare
+included (`NodeSpec.takes_every_input`).
+
 Refused at registration, naming the node and the feature: API nodes (`is_api_node`, `price_badge`),
-`accept_all_inputs`, `loop_boundary`, async `validate_inputs` or `fingerprint_inputs`, and inputs of
+`loop_boundary`, async `validate_inputs` or `fingerprint_inputs`, and inputs of
 kinds Weft's contract cannot express. Pack discovery (`comfy_entrypoint()` and `ComfyExtension`) is
 `specs_from_entrypoint`; `nodes/plugins.py` calls it.
 """
@@ -38,7 +41,6 @@ API_MODULE = "comfy_api.latest"
 REFUSED_FLAGS = {
     "is_api_node": "API nodes call a remote service with the editor's account, which Weft does not provide",
     "price_badge": "price badges belong to API nodes, which Weft does not run",
-    "accept_all_inputs": "Weft passes a node only the inputs it declares",
     "loop_boundary": "Weft's loops are its own nodes (nodes/loops.py); a V3 loop boundary is not supported",
 }
 
@@ -174,6 +176,7 @@ def spec_from_v3_class(cls: type, *, node_id: str | None = None, python_module: 
         dev_only=bool(schema.is_dev_only),
         essentials_category=schema.essentials_category,
         lenient=True,
+        takes_every_input=bool(schema.accept_all_inputs),
     )
 
 

@@ -3,7 +3,8 @@
 Compatibility layer (on sys.path while plugins load and run; see nodes/plugins.py). Every name is
 looked up in the folders of the running job, or of the configured runtime outside a job
 (`execution.context.current().paths`). File names from outside go through `confine`. Model lists hold
-safetensors files only: Weft never loads pickle checkpoints.
+safetensors files only (a folder kind a pack adds lists the extensions it declares, never a pickle
+format): Weft never loads pickle checkpoints.
 
 Provided: get_filename_list, get_full_path, get_full_path_or_raise, get_folder_paths,
 add_model_folder_path, get_input_directory, get_output_directory, get_temp_directory,
@@ -12,7 +13,8 @@ get_save_image_path, filter_files_extensions, filter_files_content_types, suppor
 annotated_filepath, and the attributes base_path, models_dir, input_directory, output_directory,
 temp_directory, user_directory (read-only views) and folder_names_and_paths (a live mapping from
 model folder name to (folders searched, extensions); assigning an entry adds its folders to that kind's
-search, as add_model_folder_path does; nothing else writes through it). Not provided: the
+search, as add_model_folder_path does, and a pack's own kind keeps the extensions it gave; nothing else
+writes through it). Not provided: the
 set_*_directory functions, cache helpers.
 """
 from __future__ import annotations
@@ -61,17 +63,22 @@ def __getattr__(name: str) -> Any:
 class _FolderTable(Mapping):
     """`folder_names_and_paths` over Weft's folders: {model folder: ([folders searched], {extensions})}.
 
-    Read live on every access. Weft lists safetensors files only, so every entry's extensions are those;
-    assigning `table[name] = (folders, extensions)` adds the folders to that kind's search."""
+    Read live on every access. Weft's model kinds list safetensors files only, so their extensions are
+    those; assigning `table[name] = (folders, extensions)` adds the folders to that kind's search (the
+    kind exists from then on, even with no folders), and a kind of the pack's own lists the extensions
+    it gave (the same set object is read back, pickle formats are never listed)."""
 
     def _names(self) -> list[str]:
         return list(dict.fromkeys([*MODEL_FOLDERS, *_paths().extra_model_dirs, *_ALIASES]))
 
     def __getitem__(self, folder_name: str) -> tuple[list[str], set[str]]:
         try:
-            return get_folder_paths(folder_name), set(supported_pt_extensions)
+            folders = get_folder_paths(folder_name)
         except KeyError:
             raise KeyError(folder_name) from None
+        kind = _ALIASES.get(folder_name, folder_name)
+        declared = _paths().extra_model_extensions.get(kind)
+        return folders, declared if declared is not None else set(supported_pt_extensions)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())
@@ -83,8 +90,16 @@ class _FolderTable(Mapping):
         folders = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
         if isinstance(folders, (str, os.PathLike)):
             folders = [folders]
+        kind = _ALIASES.get(folder_name, folder_name)
+        paths = _paths()
+        # The kind exists from now on, even with no folders yet (packs fill some in later).
+        paths.extra_model_dirs.setdefault(kind, [])
         for folder in folders:
-            add_model_folder_path(folder_name, str(folder))
+            add_model_folder_path(kind, str(folder))
+        extensions = entry[1] if isinstance(entry, (tuple, list)) and len(entry) > 1 else None
+        if kind not in MODEL_FOLDERS and isinstance(extensions, (set, list, tuple, frozenset)):
+            # Kept as given when it is a set: packs add to the set they read back.
+            paths.extra_model_extensions[kind] = extensions if isinstance(extensions, set) else set(extensions)
 
     def __repr__(self) -> str:
         return f"folder_names_and_paths({dict(self)!r})"
@@ -135,7 +150,7 @@ def add_model_folder_path(folder_name: str, full_folder_path: str, is_default: b
 
 
 def get_filename_list(folder_name: str) -> list[str]:
-    """Model files of a kind, relative names with '/', sorted (safetensors only)."""
+    """Files of a kind, relative names with '/', sorted (safetensors only, or a pack's own kind's extensions)."""
     return _paths().list_models(_folder_name(folder_name))
 
 

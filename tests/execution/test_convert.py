@@ -503,3 +503,23 @@ def test_stale_link_id_counts_as_unconnected(registry):
     workflow["links"] = [link for link in workflow["links"] if link[0] != 1]  # PrimitiveNode -> width
     api = ui_to_api(workflow, registry)
     assert api["2"]["inputs"]["width"] == 512
+
+
+def test_a_node_taking_every_input_gets_the_plain_widget_values_it_does_not_declare():
+    # A video pack's output node: its editor script adds the chosen format's options as widgets, saved
+    # by name with the preview's own state beside them.
+    combine = _spec("EveryInputCombine", [Input.combo("format", ["video/a", "video/b"]), Input.int("frame_rate", default=8)],
+                    [], takes_every_input=True)
+    plain = _spec("PlainCombine", [Input.combo("format", ["video/a", "video/b"])], [])
+    registry = make_registry([combine, plain])
+    saved = {"format": "video/b", "frame_rate": 12, "crf": 30, "pix_fmt": "yuv420p10le", "save_metadata": False,
+             "videopreview": {"hidden": False, "paused": False, "params": {"filename": "x.mp4"}}}
+    workflow = {"nodes": [{"id": 1, "type": "EveryInputCombine", "mode": 0, "inputs": [], "outputs": [],
+                           "widgets_values": dict(saved)},
+                          {"id": 2, "type": "PlainCombine", "mode": 0, "inputs": [], "outputs": [],
+                           "widgets_values": dict(saved)}],
+                "links": []}
+    api = inputs_by_id(ui_to_api(workflow, registry))
+    assert api["1"] == ("EveryInputCombine", {"format": "video/b", "frame_rate": 12, "crf": 30,
+                                              "pix_fmt": "yuv420p10le", "save_metadata": False})
+    assert api["2"] == ("PlainCombine", {"format": "video/b"})

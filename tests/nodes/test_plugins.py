@@ -35,7 +35,7 @@ BROKEN = {
     "missing_dependency": "missing module 'weft_fixture_not_installed'",
     "unsupported_comfy_module": "missing module 'comfy.sd'; Weft's compatibility layer provides only",
     "server_missing_attribute": "AttributeError while importing: PromptServer.instance has no attribute "
-                                "'prompt_queue': Weft's compatibility layer does not provide it",
+                                "'user_manager': Weft's compatibility layer does not provide it",
     "missing_chain": "missing modules 'comfy.sd', 'comfy.samplers', 'comfy_extras' (the import stopped at "
                      "'comfy.sd'); Weft's compatibility layer provides only",
     "import_error_name": "cannot import name 'set_output_directory' from 'folder_paths'",

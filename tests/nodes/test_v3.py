@@ -435,6 +435,27 @@ def test_hidden_inputs_reach_the_node_on_cls_hidden(paths):
     assert HiddenReader.hidden is None  # each call runs on its own subclass; the node's class is left alone
 
 
+class TakesEverything(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3TakesAll", inputs=[io.Int.Input("x")], outputs=[io.String.Output()],
+                         accept_all_inputs=True)
+
+    @classmethod
+    def execute(cls, x, **rest):
+        return io.NodeOutput(f"{x} {sorted(rest.items())}")
+
+
+def test_accept_all_inputs_gives_the_node_every_input_of_its_prompt_entry(paths):
+    registry = registry_with(TakesEverything)
+    prompt = {"1": int_node("1", 4),
+              "7": {"class_type": "V3TakesAll", "inputs": {"x": 2, "crf": 30, "linked": ["1", 0]}},
+              "8": {"class_type": "PreviewAny", "inputs": {"source": ["7", 0]}}}
+    result = run(registry, paths, prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["8"]["text"] == ["2 [('crf', 30), ('linked', 4)]"]
+
+
 class Shows(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -610,9 +631,6 @@ BROKEN_V3 = {
     "api_node": (PACK_HEAD.format(version="latest", node_id="V3Api", flags=", is_api_node=True")
                  + "NODE_CLASS_MAPPINGS = {'V3Api': Node}\n",
                  "node 'V3Api': Schema.is_api_node: not supported: API nodes call a remote service"),
-    "all_inputs": (PACK_HEAD.format(version="latest", node_id="V3All", flags=", accept_all_inputs=True")
-                   + "NODE_CLASS_MAPPINGS = {'V3All': Node}\n",
-                   "node 'V3All': Schema.accept_all_inputs: not supported"),
     "dynamic_slot": ('''
 from comfy_api.latest import io
 

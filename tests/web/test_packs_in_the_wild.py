@@ -458,6 +458,80 @@ PACKS["video_ring"] = {
 }
 
 
+# Defect 19, found running ComfyUI-VideoHelperSuite: a pack declares a folder kind of its own for files
+# that are not models, with no folders yet, reads the entry back and adds to its extension set.
+PACKS["own_folder_kind"] = {
+    "__init__.py": """
+        import os
+
+        import folder_paths
+
+        if "wild_formats" not in folder_paths.folder_names_and_paths:
+            folder_paths.folder_names_and_paths["wild_formats"] = ((), {".json", ".pt"})
+        folder_paths.folder_names_and_paths["wild_formats"][1].add(".yaml")
+        folder_paths.add_model_folder_path("wild_formats",
+                                           os.path.join(os.path.dirname(os.path.abspath(__file__)), "formats"))
+
+        class ListFormats:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self):
+                names = folder_paths.get_filename_list("wild_formats")
+                return {"ui": {"names": names, "extensions": sorted(folder_paths.folder_names_and_paths["wild_formats"][1]),
+                               "first": [folder_paths.get_full_path("wild_formats", names[0])]}}
+
+        NODE_CLASS_MAPPINGS = {"ListFormats": ListFormats}
+    """,
+    "formats/a.json": "{}\n",
+    "formats/b.yaml": "x: 1\n",
+    "formats/c.pt": "not listed: a pickle format\n",
+    "formats/d.txt": "not listed: not declared\n",
+}
+
+
+# Defect 19, found running ComfyUI-VideoHelperSuite: an output node whose `hidden` section claims every
+# name receives every constant of its prompt entry (the options its chosen format adds), as in ComfyUI.
+PACKS["every_input"] = {
+    "__init__.py": """
+        class ClaimsEveryName(dict):
+            def __contains__(self, name):
+                return True
+            def __getitem__(self, name):
+                return super().get(name, (None, {}))
+
+        class FormatOptions:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"format": (["video/a", "video/b"],)},
+                        "hidden": ClaimsEveryName({"unique_id": "UNIQUE_ID"})}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, format, unique_id=None, **options):
+                return {"ui": {"options": [sorted(options.items())], "node": [unique_id]}}
+
+        class DeclaredOnly:
+            @classmethod
+            def INPUT_TYPES(cls):
+                return {"required": {"format": (["video/a", "video/b"],)}}
+            RETURN_TYPES = ()
+            OUTPUT_NODE = True
+            FUNCTION = "run"
+
+            def run(self, format, **options):
+                return {"ui": {"options": [sorted(options.items())]}}
+
+        NODE_CLASS_MAPPINGS = {"FormatOptions": FormatOptions, "DeclaredOnly": DeclaredOnly}
+    """,
+}
+
+
 def write_packs(custom: Path, packs: dict[str, dict[str, str]]) -> None:
     for name, files in packs.items():
         for relative, source in files.items():
@@ -668,6 +742,26 @@ def test_a_video_packs_next_ring_of_imports_is_there_and_works(wild):
     assert ran["functions"] == ["encode", "decode", "encode"]
     status, body = get_json(wild.url + "/video_ring/ping")
     assert status == 200 and body == {"pong": True}
+
+
+def test_a_folder_kind_of_the_packs_own_lists_the_extensions_it_declared(wild):
+    assert reports(wild)["own_folder_kind"].status == "loaded", reports(wild)["own_folder_kind"].reason
+    shown = outputs(run(wild, {"1": {"class_type": "ListFormats", "inputs": {}}}), "1")
+    assert shown["names"] == ["a.json", "b.yaml"]
+    assert shown["extensions"] == [".json", ".pt", ".yaml"]
+    assert shown["first"] == [str(reports(wild)["own_folder_kind"].path / "formats" / "a.json")]
+
+
+def test_a_hidden_section_claiming_every_name_receives_every_constant_of_the_prompt(wild):
+    given = {"format": "video/b", "crf": 30, "pix_fmt": "yuv420p10le"}
+    shown = outputs(run(wild, {"1": {"class_type": "FormatOptions", "inputs": given}}), "1")
+    assert shown == {"options": [[["crf", 30], ["pix_fmt", "yuv420p10le"]]], "node": ["1"]}
+    # Another value is another run, not a cached one.
+    again = outputs(run(wild, {"1": {"class_type": "FormatOptions", "inputs": {**given, "crf": 12}}}), "1")
+    assert again["options"] == [[["crf", 12], ["pix_fmt", "yuv420p10le"]]]
+    # A node declaring its inputs plainly gets only those, as in ComfyUI.
+    plain = outputs(run(wild, {"1": {"class_type": "DeclaredOnly", "inputs": given}}), "1")
+    assert plain == {"options": [[]]}
 
 
 def test_a_node_reads_the_running_item_and_puts_its_prompt_back_on_the_queue(wild):
