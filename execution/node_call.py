@@ -21,14 +21,15 @@ from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 class Called:
     """A node's outputs gathered over its calls: per-output item lists, merged UI, expansions."""
 
-    __slots__ = ("outputs", "ui", "expansions", "calls")
+    __slots__ = ("outputs", "ui", "expansions", "calls", "notes")
 
     def __init__(self, outputs: list[list[Any]], ui: dict | None = None, expansions: list[dict] | None = None,
-                 calls: int = 0) -> None:
+                 calls: int = 0, notes: dict[str, list] | None = None) -> None:
         self.outputs = outputs
         self.ui = ui
         self.expansions = expansions
         self.calls = calls
+        self.notes = notes  # what the calls added to the node's profile row (RunContext.note_profile)
 
 
 class NodeCaller:
@@ -119,6 +120,7 @@ class NodeCaller:
             _collect(node, spec, result, called, gathered)
         called.calls = len(calls)
         called.ui = called.ui or None
+        called.notes = context.profile_notes
         return called
 
     async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict,

@@ -31,6 +31,7 @@ class ProfileRows:
         self.cached = bytearray()
         self.numbers = array("d")  # NUMBERS per row, row after row
         self._summed: dict[str, int] = {}  # key of an added-up row -> its row index
+        self.notes: dict[int, dict[str, list]] = {}  # row index -> the node's notes (few rows have any)
 
     def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> None:
         """Record one node's row (numbers in NUMBERS order)."""
@@ -40,19 +41,26 @@ class ProfileRows:
         self.cached.append(cached)
         self.numbers.extend(numbers)
 
-    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> None:
-        """Add a run of an ephemeral node to its row under `key`."""
+    def note(self, index: int, notes: dict[str, list]) -> None:
+        """Add a node run's notes (RunContext.note_profile) to row `index`; lists of one name concatenate."""
+        held = self.notes.setdefault(index, {})
+        for name, values in notes.items():
+            held[name] = held.get(name, []) + list(values)
+
+    def add_up(self, key: str, class_type: str, display_node: str, *numbers: float) -> int:
+        """Add a run of an ephemeral node to its row under `key`; returns the row's index."""
         index = self._summed.get(key)
         if index is None:
-            self._summed[key] = len(self.keys)
+            index = self._summed[key] = len(self.keys)
             self.add(key, class_type, display_node, False, *numbers)
-            return
+            return index
         base = index * len(self.NUMBERS)
         for offset, value in enumerate(numbers):
             self.numbers[base + offset] += value
+        return index
 
     def as_dicts(self) -> dict[str, dict]:
-        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs}."""
+        """key -> {class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs, notes?}."""
         width = len(self.NUMBERS)
         rows = {}
         for index, key in enumerate(self.keys):
@@ -61,6 +69,8 @@ class ProfileRows:
             for offset, name in enumerate(self.NUMBERS):
                 value = self.numbers[index * width + offset]
                 row[name] = value if name.endswith("_ms") else int(value)
+            if index in self.notes:
+                row["notes"] = self.notes[index]
             rows[key] = row
         return rows
 
@@ -80,19 +90,24 @@ class Profiler:
         if node.parent is None:
             self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
 
-    def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float) -> None:
-        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time)."""
+    def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float,
+            notes: dict[str, list] | None = None) -> None:
+        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time), noting `notes`."""
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         cpu = time.thread_time() - cpu0
         growth = max(0, peak_rss - self.peak_rss) * 1024
         self.peak_rss = peak_rss
+        rows = self.rows
         if node.parent is None:
-            self.rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000, growth, calls, 1)
+            index = len(rows.keys)
+            rows.add(node.id, node.class_type, node.display_id, False, wall * 1000, cpu * 1000, growth, calls, 1)
         else:
-            self.rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
-                             wall * 1000, cpu * 1000, growth, calls, 1)
+            index = rows.add_up(f"{node.display_id}:{node.class_type}", node.class_type, node.display_id,
+                                wall * 1000, cpu * 1000, growth, calls, 1)
+        if notes:
+            rows.note(index, notes)
         executed = self.executed
         executed.append(node.id)
         if len(executed) % 1024 == 0 and gc.get_count()[0] > YOUNG_OBJECTS_BEFORE_COLLECT:

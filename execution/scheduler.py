@@ -112,7 +112,8 @@ class JobResult:
 
     @property
     def profile(self) -> dict[str, dict]:
-        """Per node: class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs."""
+        """Per node: class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs (and
+        notes, when the node added any)."""
         return self.profile_rows.as_dicts()
 
     def __repr__(self) -> str:  # asyncio reprs task results; a large job's profile must not be printed
@@ -313,7 +314,7 @@ class _Job:
             raise RunFailure.node_raised(node, RuntimeError(blocker.message), gathered)
         else:
             called = Called([[blocker] for _ in spec.outputs])
-        self.profiler.ran(node, called.calls, wall0, cpu0)
+        self.profiler.ran(node, called.calls, wall0, cpu0, called.notes)
         if called.ui:
             self._record_ui(node, called.ui)
         if called.expansions:

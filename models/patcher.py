@@ -43,7 +43,7 @@ from torch import nn
 
 from models.adapters.adapter import Adapter
 from models.adapters.base import WeightPatch
-from models.adapters.keys import MODEL
+from models.adapters.keys import MODEL, TEXT_ENCODER
 
 Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
 PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
@@ -173,6 +173,47 @@ class AppliedAdapter:
     mode: AdapterMode = AdapterMode.AUTO
 
 
+# How a report names each component a file's entries are for.
+COMPONENT_NAMES = {MODEL: "DiT", TEXT_ENCODER: "text encoder"}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What one adapter file bound on one component: how many of its entries applied, and by which route.
+
+    `entries` counts the file's entries for the component; `applied` those that became patches;
+    `projected` the applied ones mapped onto a module of another form than they were trained on
+    (WeightPatch.projected: the pruned DiT's AdaLN projection); `beside` the applied ones that run
+    on the side path (the rest are added to the weight at take time, or to the dequantized weight).
+    `not_loaded` says why a component's entries were not applied at all ("" when they were asked for).
+    """
+
+    adapter: str
+    component: str
+    entries: int
+    applied: int = 0
+    projected: int = 0
+    beside: int = 0
+    strength: float = 0.0
+    not_loaded: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON values (what a job's profile notes)."""
+        return {"adapter": self.adapter, "component": COMPONENT_NAMES.get(self.component, self.component),
+                "entries": self.entries, "applied": self.applied, "projected": self.projected,
+                "side_path": self.beside, "strength": self.strength, "not_loaded": self.not_loaded or None}
+
+    def text(self) -> str:
+        """One line a person reads: "DiT: 24 of 24 entries applied (0 projected), 24 on the side path"."""
+        name = COMPONENT_NAMES.get(self.component, self.component)
+        if not self.entries:
+            return f"{name}: the file has no entries for it"
+        if self.not_loaded:
+            return f"{name}: {self.entries} entries not applied ({self.not_loaded})"
+        return (f"{name}: {self.applied} of {self.entries} entries applied at {self.strength:g} "
+                f"({self.projected} projected), {self.beside} on the side path")
+
+
 class ModelHandle:
     """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`).
 
@@ -247,6 +288,20 @@ class ModelHandle:
         applied = AppliedAdapter(adapter, float(strength), tuple(patches), mode)
         return ModelHandle(self.base, name=self.name, component=self.component, options=self.options,
                            applied=(*self.applied, applied))
+
+    def binding(self, adapter: Adapter, *, not_loaded: str = "") -> Binding:
+        """What `adapter` bound on this handle's component (its latest stacking here; none applied when absent)."""
+        entries = sum(1 for entry in adapter.entries if entry.component == self.component)
+        stacked = next((a for a in reversed(self.applied) if a.adapter is adapter), None)
+        if stacked is None or not_loaded:
+            return Binding(adapter.name, self.component, entries, not_loaded=not_loaded)
+        beside_ids = {id(patch) for entries_ in self._side_map.values() for patch, _s in entries_}
+        keys: dict[str, list[WeightPatch]] = {}
+        for patch in stacked.patches:
+            keys.setdefault(patch.key, []).append(patch)
+        projected = sum(1 for patches in keys.values() if any(p.projected for p in patches))
+        beside = sum(1 for patches in keys.values() if any(id(p) in beside_ids for p in patches))
+        return Binding(adapter.name, self.component, entries, len(keys), projected, beside, stacked.strength)
 
     def with_options(self, **options: Any) -> "ModelHandle":
         """A handle like this one (same base, adapters and merged copies) with `options` updated."""

@@ -197,6 +197,9 @@ class WeightPatch:
     swap_halves: bool = False  # the adapter's rows are [value; gate], ours [gate; value]
     dora_scale: torch.Tensor | None = None
     dora_axis: str | None = None
+    # True when the entry was mapped onto a module of another form than the one it was trained on
+    # (the pruned DiT's AdaLN projection): counted as "projected" in what a loader reports bound.
+    projected: bool = False
 
     def add_into(self, weight: torch.Tensor, strength: float) -> None:
         """Add `strength` times this patch into the float32 tensor `weight`, in place."""
