@@ -223,9 +223,7 @@ def side_path_section(folder: str) -> dict:
     step(dequantized, inputs)
     rounds = [(step(base, inputs), step(side, inputs), step(dequantized, inputs)) for _ in range(SIDE_ROUNDS)]
     merge_s, merged = timed(side.merged)
-    errors = [float((merged.model.get_submodule(name).dequantized_weight() - side.patched_weight(name)).abs().max()
-                    / side.patched_weight(name).abs().max()) for name, _m in
-              [(n, m) for n, m in model.named_modules() if isinstance(m, ops.QuantizedLinear)]]
+    errors = side.merge_errors().values()
     merged_rounds = [(step(base, inputs), step(merged, inputs)) for _ in range(SIDE_ROUNDS)]
     return {
         "tokens": SIDE_TOKENS, "rank": SIDE_RANK, "file_mb": file_bytes / 1e6, "stored_mb": stored_bytes / 1e6,

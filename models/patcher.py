@@ -371,6 +371,23 @@ class ModelHandle:
                                        applied=self.applied, base=self.base)
         return self._merged
 
+    def merge_errors(self) -> dict[str, float]:
+        """What merging adds, per quantized weight it requantizes: max |merged - exact| / max |exact|.
+
+        `exact` is the weight the patches stand for (`patched_weight`), so this is the rounding of the
+        one requantization (see QuantizedLinear.requantized for its bound); float weights merge exactly.
+        """
+        merged = self.merged()
+        errors: dict[str, float] = {}
+        for module_name, params in self._patched_params().items():
+            module = self.base.get_submodule(module_name)
+            if "weight" not in params or not getattr(module, "holds_quantized_weights", False):
+                continue
+            exact = self.patched_weight(module_name)
+            stored = merged.model.get_submodule(module_name).dequantized_weight(torch.float32)
+            errors[module_name] = float((stored - exact).abs().max() / exact.abs().max().clamp(min=1e-30))
+        return errors
+
     def prepared(self, max_merge_bytes: int | None = None) -> "ModelHandle":
         """The merged handle when its extra bytes fit `max_merge_bytes` (None: always), else this one."""
         if max_merge_bytes is not None and self.merge_bytes() > max_merge_bytes:

@@ -108,6 +108,9 @@ def test_merging_into_a_quantized_base_requantizes_once_within_half_a_step(tmp_p
         else:
             # E2M1 steps are at most 2 (between 4 and 6) times the block's scale: half a step is one scale.
             assert error.abs().max() <= exact.abs().max() / 6 * 1.01
+    errors = handle.merge_errors()
+    assert set(errors) == {"blocks.0.attn.qkv_proj", "blocks.0.mlp.fc2", "blocks.1.mlp.fc1", "blocks.1.attn.out_proj"}
+    assert 0 < max(errors.values()) < (0.2 if fmt == "nvfp4" else 0.02)
     with torch.no_grad():
         on_the_fly = handle(*_inputs())
         merged_out = handle.merged()(*_inputs())
