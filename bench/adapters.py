@@ -10,7 +10,19 @@ low-rank w2). For each, the run measures loading the file, resolving it onto the
   on the fly    no memory manager: every take rebuilds base + delta (what streaming pays per op)
   manager       on the fly through a memory manager with room: the patched copy is made at the
                 first take and stays resident, so later steps cost what merged costs
-Run: .venv/bin/python bench/adapters.py   (last line: JSON with the figures)
+The side path, on the same layout (SIDE_BLOCKS blocks) stored int8-convrot (every Linear int8, Hadamard groups of 256
+where they divide the input width, as the released DiT), with a rank-64 LoRA on every Linear stored
+bf16 (as the released turbo LoRAs are). One step each, side by side in every round:
+  base          no adapter: the int8 product
+  side path     the LoRA beside the int8 product (y = Q(W)h + s * B(A h)): what loaders do now
+  dequantized   the LoRA added to the dequantized weight at every op, then a float product (the
+                route before the side path, kept for DoRA entries)
+  merged        the LoRA merged once (dequantize, add, requantize): the base's step, and the
+                requantization error it adds, reported
+and the resident bytes of the side path (process RSS growth, freed memory handed back first) against
+the base's plus the adapter file's. On float layers, the side path is measured against the take-time
+patch held resident by a memory manager (what LoraLoader uses there) and rebuilt per take.
+Run: .venv/bin/python bench/adapters.py   (last line: JSON with the figures; --side-only for the int8 part)
 """
 from __future__ import annotations
 
@@ -28,10 +40,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The int8 product's eager stages, not their torch.compile'd twins: compiling them takes minutes of a
+# shared 2-core CPU and once more for each new shape class, which would swamp a two-minute run. Both
+# routes share that product, so the ratios compare what the adapter adds. Set the variable to override.
+os.environ.setdefault("WEFT_KERNEL_BACKEND", "quantized_linear:int8")
 
 from models import memory, ops  # noqa: E402
 from models.adapters import load_adapter  # noqa: E402
-from models.patcher import ModelHandle  # noqa: E402
+from models.patcher import AdapterMode, ModelHandle, patches_active  # noqa: E402
+from models.quant.formats.int8 import DEFAULT_ROTATION_GROUP, INT8_TENSORWISE  # noqa: E402
 
 HIDDEN = 1024  # residual width
 HEADS, HEAD_DIM = 10, 128  # inner attention width 1280, wider than hidden, as in H3
@@ -70,14 +87,14 @@ class Block(nn.Module):
 
 
 class H3Shaped(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, num_blocks: int = NUM_BLOCKS) -> None:
         super().__init__()
         self.video_patch_proj = ops.Linear(96, HIDDEN)
         self.condition_proj = ops.Linear(HIDDEN, HIDDEN)
         self.time_embedder = nn.Module()
         self.time_embedder.proj_in = ops.Linear(T_EMBED, HIDDEN)
         self.time_embedder.proj_out = ops.Linear(HIDDEN, T_EMBED)
-        self.blocks = nn.ModuleList([Block() for _ in range(NUM_BLOCKS)])
+        self.blocks = nn.ModuleList([Block() for _ in range(num_blocks)])
         self.final_layer = nn.Module()
         self.final_layer.video_out = ops.Linear(HIDDEN, 96)
 
@@ -118,6 +135,134 @@ def write_lokr(model: nn.Module, path: str) -> None:
     save_file(tensors, path)
 
 
+SIDE_RANK = 64  # the released turbo LoRAs' rank
+SIDE_BLOCKS = 2  # the int8 section's depth: the int8 product is slow on CPUs (a step of 2 blocks takes seconds)
+SIDE_TOKENS = 256  # rows per step in the int8 section
+SIDE_ROUNDS = 2
+
+
+def resident_bytes() -> int:
+    """This process's resident bytes after a collection, with memory freed by malloc handed back to the system."""
+    import ctypes
+
+    import psutil
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: the figure then includes freed memory malloc still holds
+        pass
+    return int(psutil.Process().memory_info().rss)
+
+
+def quantize_linears(model: nn.Module) -> int:
+    """Replace every ops.Linear of `model` by an int8-convrot QuantizedLinear of its weight; returns stored bytes."""
+    stored_bytes = 0
+    for name, layer in linears(model):
+        quant = INT8_TENSORWISE.writer_options(layer.in_features, DEFAULT_ROTATION_GROUP, False)
+        stored = INT8_TENSORWISE.encode(layer.weight.detach(), quant)
+        twin = ops.QuantizedLinear(layer.in_features, layer.out_features, quant, bias=layer.bias is not None,
+                                   tensor_shapes={k: (tuple(v.shape), v.dtype) for k, v in stored.items()})
+        with torch.no_grad():
+            twin.weight.copy_(stored["weight"])
+            twin.weight_scale.copy_(stored["weight_scale"])
+            if layer.bias is not None:
+                twin.bias.copy_(layer.bias)
+        stored_bytes += sum(t.numel() * t.element_size() for t in twin.state_dict().values())
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, twin)
+    return stored_bytes
+
+
+def write_lora_bf16(model: nn.Module, path: str, rank: int) -> None:
+    """A rank-`rank` LoRA on every Linear (kohya names), stored bf16 like the released turbo LoRAs."""
+    gen = torch.Generator().manual_seed(4)
+    tensors = {}
+    for name, layer in model.named_modules():
+        if not isinstance(layer, (ops.Linear, ops.QuantizedLinear)):
+            continue
+        key = "lora_unet_" + name.replace(".", "_")
+        tensors[f"{key}.lora_down.weight"] = (torch.randn(rank, layer.in_features, generator=gen) * 0.01).bfloat16()
+        tensors[f"{key}.lora_up.weight"] = (torch.randn(layer.out_features, rank, generator=gen) * 0.01).bfloat16()
+        tensors[f"{key}.alpha"] = torch.tensor(float(rank))
+    save_file(tensors, path)
+
+
+def side_path_section(folder: str) -> dict:
+    """The int8-convrot model: base, side path, dequantized and merged steps, resident bytes, merge error."""
+    before = resident_bytes()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = H3Shaped(SIDE_BLOCKS)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    stored_bytes = quantize_linears(model)
+    gen = torch.Generator().manual_seed(3)
+    inputs = (torch.randn(SIDE_TOKENS - 64, 96, generator=gen), torch.randn(64, HIDDEN, generator=gen),
+              torch.randn(1, T_EMBED, generator=gen))
+    base = ModelHandle(model, name="h3-shaped-int8")
+    step(base, inputs)  # warm-up (and any compiling of the int8 product's stages)
+    base_resident = resident_bytes() - before
+    path = os.path.join(folder, "lora_r64_bf16.safetensors")
+    write_lora_bf16(model, path, SIDE_RANK)
+    file_bytes = os.path.getsize(path)
+    adapter = load_adapter(path)
+    side = base.with_adapter(adapter, 1.0)
+    assert not side.patch_map and len(side.side_map) == len(list(model.modules())) - len(
+        [m for m in model.modules() if not isinstance(m, ops.QuantizedLinear)])
+    # The route before the side path: the same patches as take-time patches of the quantized layers.
+    dequantize_map = {key: {"weight": entries} for key, entries in side.side_map.items()}
+
+    def dequantized(*args):
+        with patches_active(dequantize_map):
+            return model(*args)
+
+    step(side, inputs)  # warm-up of the side path's shapes
+    side_resident = resident_bytes() - before
+    step(dequantized, inputs)
+    rounds = [(step(base, inputs), step(side, inputs), step(dequantized, inputs)) for _ in range(SIDE_ROUNDS)]
+    merge_s, merged = timed(side.merged)
+    errors = side.merge_errors().values()
+    merged_rounds = [(step(base, inputs), step(merged, inputs)) for _ in range(SIDE_ROUNDS)]
+    return {
+        "tokens": SIDE_TOKENS, "rank": SIDE_RANK, "file_mb": file_bytes / 1e6, "stored_mb": stored_bytes / 1e6,
+        "base_step_s": statistics.median(r[0] for r in rounds),
+        "side_step_s": statistics.median(r[1] for r in rounds),
+        "dequantized_step_s": statistics.median(r[2] for r in rounds),
+        "side_ratio": statistics.median(r[1] / r[0] for r in rounds),
+        "dequantized_ratio": statistics.median(r[2] / r[0] for r in rounds),
+        "merged_ratio": statistics.median(r[1] / r[0] for r in merged_rounds), "merge_s": merge_s,
+        "merge_max_rel_error": max(errors),
+        "base_resident_mb": base_resident / 1e6, "side_resident_mb": side_resident / 1e6,
+        "resident_ratio": side_resident / (base_resident + file_bytes),
+    }
+
+
+def float_side_section(folder: str, model: nn.Module, inputs) -> dict:
+    """A float model: the LoRA on the side path (bypass) against take-time patches, resident and rebuilt per take."""
+    path = os.path.join(folder, "lora_r64_float.safetensors")
+    write_lora_bf16(model, path, SIDE_RANK)
+    adapter = load_adapter(path)
+    base = ModelHandle(model, name="h3-shaped")
+    take_time = base.with_adapter(adapter, 1.0)
+    beside = base.with_adapter(adapter, 1.0, mode=AdapterMode.BYPASS)
+    step(beside, inputs)
+    manager = memory.configure(mode="normal", device="cpu", dtype=torch.float32)
+    try:
+        step(take_time, inputs)  # the first take builds the patched copies; later steps reuse them
+        rounds = [(step(base, inputs), step(beside, inputs), step(take_time, inputs)) for _ in range(SIDE_ROUNDS)]
+        del manager
+    finally:
+        memory.unconfigure()
+        gc.collect()
+    rebuilt = [(step(base, inputs), step(take_time, inputs)) for _ in range(2)]
+    return {"side_ratio": statistics.median(r[1] / r[0] for r in rounds),
+            "take_time_resident_ratio": statistics.median(r[2] / r[0] for r in rounds),
+            "take_time_rebuilt_ratio": statistics.median(r[1] / r[0] for r in rebuilt)}
+
+
 def timed(fn) -> tuple[float, object]:
     """(CPU seconds of this process, result) of `fn()` (see `step` for why CPU time)."""
     start = time.process_time()
@@ -138,6 +283,24 @@ def step(run, inputs) -> float:
 
 
 def main() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        side = side_path_section(folder)
+    print(f"""H3-shaped transformer of {SIDE_BLOCKS} blocks stored int8-convrot, {side['stored_mb']:.0f} MB, \
+{side['tokens']} tokens per step; a rank-\
+{side['rank']} LoRA on every Linear, {side['file_mb']:.1f} MB bf16
+{'route':<26} {'step s':>8} {'vs base':>8}
+{'-' * 44}
+{'base (no adapter)':<26} {side['base_step_s']:>8.3f} {1.0:>7.2f}x
+{'side path':<26} {side['side_step_s']:>8.3f} {side['side_ratio']:>7.2f}x
+{'dequantized each op':<26} {side['dequantized_step_s']:>8.3f} {side['dequantized_ratio']:>7.2f}x
+{'merged (requantized)':<26} {'':>8} {side['merged_ratio']:>7.2f}x   (merge {side['merge_s']:.1f} s, largest error \
+{side['merge_max_rel_error']:.2e} of a layer's largest weight)
+resident: base {side['base_resident_mb']:.0f} MB, with the LoRA on the side path {side['side_resident_mb']:.0f} MB = \
+{side['resident_ratio']:.3f}x (base + file)
+""")
+    if "--side-only" in sys.argv:
+        print(json.dumps({"int8_side_path": {k: round(v, 4) for k, v in side.items()}}))
+        return
     torch.manual_seed(0)
     with torch.device("meta"):
         model = H3Shaped()
@@ -186,6 +349,7 @@ def main() -> None:
                 memory.unconfigure()
                 gc.collect()
             results[kind] = row
+        float_side = float_side_section(folder, model, inputs)
 
     header = (f"{'adapter':<9} {'file MB':>8} {'load s':>7} {'resolve s':>9} {'merge s':>8} {'base step':>10} "
               f"{'merged':>8} {'on the fly':>11} {'extra/step':>11} {'manager 1st':>12} {'then':>7}")
@@ -204,7 +368,12 @@ inflate them. merged, on the fly: step time as a ratio to the base step of the s
 weights pay); its extra seconds per step do not depend on the token count, so the ratio shrinks as
 steps grow. manager = on the fly through a memory manager with room: the patched copy is made at the
 first take and then stays resident, so later steps cost what merged costs.""")
-    summary = {"params_m": round(params / 1e6, 1), "tokens": TOKENS}
+    print(f"float model, rank-{SIDE_RANK} LoRA: side path {float_side['side_ratio']:.2f}x the base step; take-time "
+          f"patches held resident {float_side['take_time_resident_ratio']:.2f}x, rebuilt every take "
+          f"{float_side['take_time_rebuilt_ratio']:.2f}x")
+    summary = {"params_m": round(params / 1e6, 1), "tokens": TOKENS,
+               "int8_side_path": {k: round(v, 4) for k, v in side.items()},
+               "float_side_path": {k: round(v, 4) for k, v in float_side.items()}}
     for kind in ("lora_r16", "lokr"):
         summary[kind] = {k: round(v, 4) for k, v in results[kind].items()}
     print(json.dumps(summary))

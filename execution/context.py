@@ -71,7 +71,7 @@ class RunContext:
     """One node call's view of its job (a plain slotted class: one is made per node call)."""
 
     __slots__ = ("prompt_id", "node_id", "display_node_id", "paths", "emit", "is_interrupted", "runtime",
-                 "parent_node_id", "real_node_id", "extra_data", "counts")
+                 "parent_node_id", "real_node_id", "extra_data", "counts", "profile_notes")
 
     def __init__(self, prompt_id: str, node_id: str, display_node_id: str, paths: Paths,
                  emit: Callable[[str, dict], None] = _drop, is_interrupted: Callable[[], bool] = _never,
@@ -88,10 +88,21 @@ class RunContext:
         self.real_node_id = real_node_id
         self.extra_data = extra_data if extra_data is not None else {}  # the job's options (preview_method, ...)
         self.counts: dict[str, float] = {}  # what the node counted (`count`), added to its profile row
+        self.profile_notes: dict[str, list] | None = None  # what the node added to its profile row (note_profile)
 
     def count(self, name: str, amount: float = 1) -> None:
         """Add `amount` to the node's count `name`; the job's profile shows the counts on the node's row."""
         self.counts[name] = self.counts.get(name, 0) + amount
+
+    def note_profile(self, name: str, value: Any) -> None:
+        """Add `value` (a JSON value) to the list `name` in this node's row of the job's profile, under "notes".
+
+        For facts about what a run did that its time and memory do not show (which adapter entries
+        bound, for one). Each call appends, so a node called over list inputs notes once per call.
+        """
+        if self.profile_notes is None:
+            self.profile_notes = {}
+        self.profile_notes.setdefault(name, []).append(value)
 
     def check_interrupted(self) -> None:
         if self.is_interrupted():

@@ -21,15 +21,16 @@ from execution.types import ExecutionBlocker, NodeOutput, normalize_result
 class Called:
     """A node's outputs gathered over its calls: per-output item lists, merged UI, expansions."""
 
-    __slots__ = ("outputs", "ui", "expansions", "calls", "counts")
+    __slots__ = ("outputs", "ui", "expansions", "calls", "counts", "notes")
 
     def __init__(self, outputs: list[list[Any]], ui: dict | None = None, expansions: list[dict] | None = None,
-                 calls: int = 0) -> None:
+                 calls: int = 0, notes: dict[str, list] | None = None) -> None:
         self.outputs = outputs
         self.ui = ui
         self.expansions = expansions
         self.calls = calls
         self.counts: dict[str, float] | None = None  # what the node counted (RunContext.count), for its profile
+        self.notes = notes  # what the calls added to the node's profile row (RunContext.note_profile)
 
 
 class NodeCaller:
@@ -137,6 +138,7 @@ class NodeCaller:
         called.calls = invoked
         called.ui = called.ui or None
         called.counts = context.counts or None
+        called.notes = context.profile_notes
         return called
 
     async def _invoke(self, node: PromptNode, fn: Callable[..., Any], kwargs: dict, gathered: dict,

@@ -32,6 +32,7 @@ class ProfileRows:
         self.numbers = array("d")  # NUMBERS per row, row after row
         self._summed: dict[str, int] = {}  # key of an added-up row -> its row index
         self.counts: dict[int, dict[str, float]] = {}  # row index -> what its node counted (few rows have any)
+        self.notes: dict[int, dict[str, list]] = {}  # row index -> the node's notes (few rows have any)
 
     def add(self, key: str, class_type: str, display_node: str, cached: bool, *numbers: float) -> int:
         """Record one node's row (numbers in NUMBERS order); returns its index."""
@@ -52,6 +53,12 @@ class ProfileRows:
         for offset, value in enumerate(numbers):
             self.numbers[base + offset] += value
         return index
+
+    def note(self, index: int, notes: dict[str, list]) -> None:
+        """Add a node run's notes (RunContext.note_profile) to row `index`; lists of one name concatenate."""
+        held = self.notes.setdefault(index, {})
+        for name, values in notes.items():
+            held[name] = held.get(name, []) + list(values)
 
     def add_counts(self, index: int, counts: dict[str, float]) -> None:
         """Add a node's own counts (RunContext.count) to row `index` (summed over an added-up row's runs)."""
@@ -76,6 +83,8 @@ class ProfileRows:
                 row[name] = value if name.endswith("_ms") else int(value)
             if index in self.counts:
                 row["counts"] = dict(self.counts[index])
+            if index in self.notes:
+                row["notes"] = self.notes[index]
             rows[key] = row
         return rows
 
@@ -96,8 +105,9 @@ class Profiler:
             self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
 
     def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float,
-            counts: dict[str, float] | None = None) -> None:
-        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time), counting `counts`."""
+            counts: dict[str, float] | None = None, notes: dict[str, list] | None = None) -> None:
+        """`node` ran `calls` times since `wall0` (perf_counter) and `cpu0` (thread_time), counting `counts`
+        and noting `notes`."""
         wall = time.perf_counter() - wall0
         # The process's peak RSS only grows; its growth since the previous node ended is this node's.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -112,6 +122,8 @@ class Profiler:
                                      wall * 1000, cpu * 1000, growth, calls, 1)
         if counts:
             self.rows.add_counts(index, counts)
+        if notes:
+            self.rows.note(index, notes)
         executed = self.executed
         executed.append(node.id)
         if len(executed) % 1024 == 0 and gc.get_count()[0] > YOUNG_OBJECTS_BEFORE_COLLECT:

@@ -116,7 +116,8 @@ class JobResult:
 
     @property
     def profile(self) -> dict[str, dict]:
-        """Per node: class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs."""
+        """Per node: class_type, display_node, cached, wall_ms, cpu_ms, peak_rss_growth_bytes, calls, runs (and
+        notes, when the node added any)."""
         return self.profile_rows.as_dicts()
 
     def __repr__(self) -> str:  # asyncio reprs task results; a large job's profile must not be printed
@@ -311,7 +312,7 @@ class _Job:
         if self.bus.active:
             self._announce(node)
         called = await self.caller.call(slot, gathered)  # blocked calls are skipped there, one by one
-        self.profiler.ran(node, called.calls, wall0, cpu0, called.counts)
+        self.profiler.ran(node, called.calls, wall0, cpu0, called.counts, called.notes)
         if called.ui:
             self._record_ui(node, called.ui)
         if called.expansions:

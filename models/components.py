@@ -146,9 +146,12 @@ class TextEncoder:
         handle = self.handle.with_options(**{PLACED_DEVICE: device})
         return TextEncoder(handle, self.name, embedding_path=self.embedding_path, tokenizer=self.tokenizer)
 
-    def with_adapter(self, adapter: Any, strength: float) -> "TextEncoder":
-        """A CLIP value whose encoder carries `adapter` too; this one, and the base weights, stay as they are."""
-        handle = self.handle.with_adapter(adapter, strength)
+    def with_adapter(self, adapter: Any, strength: float, **how: Any) -> "TextEncoder":
+        """A CLIP value whose encoder carries `adapter` too; this one, and the base weights, stay as they are.
+
+        `how` is passed to ModelHandle.with_adapter (`mode=`).
+        """
+        handle = self.handle.with_adapter(adapter, strength, **how)
         if handle is self.handle:
             return self
         return TextEncoder(handle, self.name, embedding_path=self.embedding_path, tokenizer=self.tokenizer)

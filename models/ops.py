@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.conv3d import causal_conv3d
-from kernels.linear import linear
+from kernels.linear import apply_prologue, linear
 from kernels.prologues import Prologue
 from kernels.quantized import QuantizedWeight
 from kernels.norms import rms_norm
 from models.memory import release, take, using, using_if_module, using_named
-from models.patcher import apply_patches, patch_signature
+from models.patcher import apply_patches, patch_signature, side_entries, side_residual
 from models.quant.formats import LayerQuant
 
 
@@ -26,8 +26,11 @@ class Linear(nn.Linear):
     """nn.Linear whose forward is the unified fused Linear (prologue/epilogue optional).
 
     `prologue_weight` may be a tensor or a module whose `weight` is the prologue's (an RMSNorm):
-    a module's weight is taken through the memory manager like this layer's own.
+    a module's weight is taken through the memory manager like this layer's own. Adapter patches
+    routed to the side path (models/patcher.py) run beside the product, through the epilogue's residual.
     """
+
+    runs_adapter_side_path = True  # read by models/patcher.py when it routes an adapter's patches
 
     def forward(self, x: torch.Tensor, *, prologue: Prologue | str | None = None,
                 prologue_weight: torch.Tensor | nn.Module | None = None, eps: float = 1e-6,
@@ -41,6 +44,11 @@ class Linear(nn.Linear):
         # and a resident model should pay nothing for being managed.
         weight, bias = take(self, dtype=x.dtype)
         try:
+            beside = side_entries(self)
+            if beside:
+                x = apply_prologue(x, prologue, prologue_weight, eps)
+                prologue = prologue_weight = None
+                residual = side_residual(beside, x, self.out_features, residual, residual_scale)
             return linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                           residual=residual, residual_scale=residual_scale)
         finally:
@@ -212,10 +220,14 @@ class QuantizedLinear(QuantizedLayer):
 
     The product is the unified Linear on a QuantizedWeight, which picks a quantized product where
     one exists for the format and device and dequantize-then-matmul otherwise
-    (kernels/quantized_linear.py). With an adapter patch active on this layer, the patched weight
-    is dequantized for this op and the format's `linear_patched` runs the float product.
+    (kernels/quantized_linear.py). Adapter patches run on the side path (models/patcher.py): the
+    quantized product stays, and the deltas' low-rank products on the format's `adapter_input` are
+    added through the epilogue's residual. Patches that cannot run beside (DoRA) take the other
+    route: the patched weight is dequantized for this op and `linear_patched` runs the float product.
     `tensor_shapes` gives each stored tensor's (shape, dtype) by leaf name, as the file has them.
     """
+
+    runs_adapter_side_path = True  # read by models/patcher.py when it routes an adapter's patches
 
     def __init__(self, in_features: int, out_features: int, quant: LayerQuant, *,
                  tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], bias: bool = True,
@@ -234,6 +246,13 @@ class QuantizedLinear(QuantizedLayer):
             bias = own.get("bias")
             if bias is not None:
                 bias = apply_patches(self, "bias", bias.to(x.dtype))
+            beside = side_entries(self)
+            if beside:
+                # The prologue once, for both products; the side reads what the stored weight multiplies.
+                x = apply_prologue(x, prologue, prologue_weight, eps)
+                prologue = prologue_weight = None
+                h = self.stored_format.adapter_input(x, weight, None, None, eps)
+                residual = side_residual(beside, h, self.out_features, residual, residual_scale)
             if not patch_signature(self, "weight"):
                 return self.stored_format.linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight,
                                                  eps=eps, residual=residual, residual_scale=residual_scale)

@@ -12,12 +12,29 @@ else is shared). Both add the same deltas in the same order in float32, so they 
 
 A patch map is `{id(module): {param_name: [(patch, strength), ...]}}`, where `patch` is a
 `WeightPatch` (see models/adapters/base.py) or any callable `(shape, dtype, device) -> delta`.
+
+The side path. A Linear's weight patch may instead run beside the layer's own product: the layer
+computes y = W h + sum_i s_i * delta_i h, each delta through its factors (B(A h) for a LoRA, the
+Kronecker or Hadamard forms for LoKr and LoHa; `WeightPatch.add_side`), so W is never rebuilt.
+A handle sends a Linear weight's patches there (its side map, `{id(module): [(patch, strength),
+...]}`, active beside the patch map) when every patch of that weight is an additive matrix delta
+(no DoRA) and
+  - the layer is quantized (ops.QuantizedLinear), whatever the adapter's mode: its product stays
+    the quantized one, where the take-time path dequantized W, added the deltas and ran a float
+    product every op; or
+  - the adapter was stacked in `AdapterMode.BYPASS` (the LoraLoaderBypass nodes), on any Linear.
+A float Linear's patches from the ordinary loaders stay take-time patches, the faster route there:
+with a memory manager holding the patched copy resident they cost nothing per step after the
+first (measured 0.96x the base step, against 1.14x for the side path and 1.15x for a patch rebuilt
+at every take: bench/adapters.py's float section, rank 64, 512 tokens, CPU; docs/models.md). A strength is read when the product runs, so a handle with another strength
+shares everything with this one and reloads nothing.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import copy
+import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
@@ -26,11 +43,19 @@ from torch import nn
 
 from models.adapters.adapter import Adapter
 from models.adapters.base import WeightPatch
-from models.adapters.keys import MODEL
 from models import step_cache
+from models.adapters.keys import MODEL, TEXT_ENCODER
 
 Patch = Union[WeightPatch, Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor]]
 PatchMap = dict[int, dict[str, list[tuple[Patch, float]]]]
+SideMap = dict[int, list[tuple[WeightPatch, float]]]
+
+
+class AdapterMode(enum.Enum):
+    """Where an adapter's patches run on a float Linear (quantized Linears always use the side path)."""
+
+    AUTO = "auto"      # take-time patches on float layers (LoraLoader, LoraLoaderModelOnly)
+    BYPASS = "bypass"  # the side path on every Linear (LoraLoaderBypass, LoraLoaderBypassModelOnly)
 
 # Option of a diffusion-model handle: the block hooks (models/h3/transformer.py's BlockHook) its forward runs.
 BLOCK_HOOKS = "block_hooks"
@@ -46,6 +71,8 @@ PLACED_DEVICE = "device"
 
 # The patch set of the model handle whose forward is running.
 _active: contextvars.ContextVar[PatchMap | None] = contextvars.ContextVar("weft_active_patches", default=None)
+# The side-path patches of the model handle whose forward is running.
+_active_side: contextvars.ContextVar[SideMap | None] = contextvars.ContextVar("weft_active_side", default=None)
 # The options of the model handle whose forward is running (how it attends, for one).
 _active_options: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("weft_active_options", default={})
 
@@ -63,6 +90,41 @@ def patches_active(patch_map: PatchMap) -> Iterator[None]:
         yield
     finally:
         _active.reset(token)
+
+
+@contextlib.contextmanager
+def side_active(side_map: SideMap) -> Iterator[None]:
+    """Make `side_map` the side-path patches Linears add beside their product during the block."""
+    token = _active_side.set(side_map)
+    try:
+        yield
+    finally:
+        _active_side.reset(token)
+
+
+def side_entries(module: nn.Module) -> list[tuple[WeightPatch, float]]:
+    """The active side-path patches of `module`'s weight, in application order ([] when none)."""
+    side_map = _active_side.get()
+    return side_map.get(id(module), []) if side_map else []
+
+
+def side_residual(entries: list[tuple[WeightPatch, float]], h: torch.Tensor, out_features: int,
+                  residual: torch.Tensor | None, residual_scale: torch.Tensor | float | None) -> torch.Tensor:
+    """The residual that makes a Linear's epilogue add the side products: R + r * sum_i s_i * delta_i h.
+
+    The unified Linear computes R + r * (W h + bias), which is linear in its residual, so the side
+    products ride in it: `linear(h, W, bias, residual=side_residual(...), residual_scale=r)` is
+    R + r * (W h + bias + side). `h` is what the weight multiplies (after the prologue).
+    """
+    with torch.no_grad():
+        side = h.new_zeros(*h.shape[:-1], out_features)
+        for patch, strength in entries:
+            patch.add_side(side, h, strength)
+        if residual_scale is not None:
+            side = side * (residual_scale if isinstance(residual_scale, torch.Tensor) else float(residual_scale))
+        if residual is None:
+            return side.to(h.dtype)
+        return (residual.float() + side.float()).to(residual.dtype)
 
 
 def active_patch_map() -> PatchMap | None:
@@ -110,11 +172,53 @@ def patch_signature(module: nn.Module, param_name: str, *, patch_map: PatchMap |
 
 @dataclass(frozen=True)
 class AppliedAdapter:
-    """One adapter stacked on a handle, with its strength and its patches resolved on the base."""
+    """One adapter stacked on a handle, with its strength, its patches resolved on the base and its mode."""
 
     adapter: Adapter
     strength: float
     patches: tuple[WeightPatch, ...]
+    mode: AdapterMode = AdapterMode.AUTO
+
+
+# How a report names each component a file's entries are for.
+COMPONENT_NAMES = {MODEL: "DiT", TEXT_ENCODER: "text encoder"}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What one adapter file bound on one component: how many of its entries applied, and by which route.
+
+    `entries` counts the file's entries for the component; `applied` those that became patches;
+    `projected` the applied ones mapped onto a module of another form than they were trained on
+    (WeightPatch.projected: the pruned DiT's AdaLN projection); `beside` the applied ones that run
+    on the side path (the rest are added to the weight at take time, or to the dequantized weight).
+    `not_loaded` says why a component's entries were not applied at all ("" when they were asked for).
+    """
+
+    adapter: str
+    component: str
+    entries: int
+    applied: int = 0
+    projected: int = 0
+    beside: int = 0
+    strength: float = 0.0
+    not_loaded: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON values (what a job's profile notes)."""
+        return {"adapter": self.adapter, "component": COMPONENT_NAMES.get(self.component, self.component),
+                "entries": self.entries, "applied": self.applied, "projected": self.projected,
+                "side_path": self.beside, "strength": self.strength, "not_loaded": self.not_loaded or None}
+
+    def text(self) -> str:
+        """One line a person reads: "DiT: 24 of 24 entries applied (0 projected), 24 on the side path"."""
+        name = COMPONENT_NAMES.get(self.component, self.component)
+        if not self.entries:
+            return f"{name}: the file has no entries for it"
+        if self.not_loaded:
+            return f"{name}: {self.entries} entries not applied ({self.not_loaded})"
+        return (f"{name}: {self.applied} of {self.entries} entries applied at {self.strength:g} "
+                f"({self.projected} projected), {self.beside} on the side path")
 
     @property
     def projected(self) -> tuple[str, ...]:
@@ -139,24 +243,50 @@ class ModelHandle:
         self.component = component  # which adapter entries apply: "model" or "text_encoder"
         self.options: dict[str, Any] = dict(options or {})
         self.applied = applied
-        self._patch_map = self._build_patch_map() if self.model is self.base else {}
+        self._patch_map, self._side_map = self._build_maps() if self.model is self.base else ({}, {})
         self._merged: ModelHandle | None = None
 
-    def _build_patch_map(self) -> PatchMap:
-        return {id(self.base.get_submodule(name)): params for name, params in self._patched_params().items()}
+    def _build_maps(self) -> tuple[PatchMap, SideMap]:
+        """The take-time patch map and the side map (the routing rule is in the module docstring)."""
+        routed: dict[str, dict[str, list[tuple[WeightPatch, float, AdapterMode]]]] = {}
+        for applied in self.applied:
+            for patch in applied.patches:
+                routed.setdefault(patch.module_name, {}).setdefault(patch.param_name, []).append(
+                    (patch, applied.strength, applied.mode))
+        patch_map: PatchMap = {}
+        side_map: SideMap = {}
+        for module_name, params in routed.items():
+            module = self.base.get_submodule(module_name)
+            key = id(module)
+            for param_name, entries in params.items():
+                beside_ok = (param_name == "weight" and getattr(module, "runs_adapter_side_path", False)
+                             and all(patch.runs_beside for patch, _s, _m in entries))
+                quantized = getattr(module, "holds_quantized_weights", False)
+                for patch, strength, mode in entries:
+                    if beside_ok and (quantized or mode is AdapterMode.BYPASS):
+                        side_map.setdefault(key, []).append((patch, strength))
+                    else:
+                        patch_map.setdefault(key, {}).setdefault(param_name, []).append((patch, strength))
+        return patch_map, side_map
 
     @property
     def patch_map(self) -> PatchMap:
-        """The patches this handle activates around a forward (empty for a merged handle)."""
+        """The take-time patches this handle activates around a forward (empty for a merged handle)."""
         return self._patch_map
+
+    @property
+    def side_map(self) -> SideMap:
+        """The side-path patches this handle activates around a forward (empty for a merged handle)."""
+        return self._side_map
 
     @property
     def adapters(self) -> list[tuple[str, float]]:
         """`(adapter file, strength)` per stacked adapter, in application order."""
         return [(applied.adapter.source, applied.strength) for applied in self.applied]
 
-    def with_adapter(self, adapter: Adapter, strength: float) -> "ModelHandle":
-        """A new handle with `adapter` stacked at `strength`, sharing this handle's base weights.
+    def with_adapter(self, adapter: Adapter, strength: float, *,
+                     mode: AdapterMode = AdapterMode.AUTO) -> "ModelHandle":
+        """A new handle with `adapter` stacked at `strength` in `mode`, sharing this handle's base weights.
 
         Returns this handle itself when the strength is 0 or the adapter has no entries for this
         handle's component (a text-encoder-only file on the model). Raises ValueError when the
@@ -167,9 +297,23 @@ class ModelHandle:
         patches = adapter.patches_for(self.base, self.component)
         if not patches:
             return self
-        applied = AppliedAdapter(adapter, float(strength), tuple(patches))
+        applied = AppliedAdapter(adapter, float(strength), tuple(patches), mode)
         return ModelHandle(self.base, name=self.name, component=self.component, options=self.options,
                            applied=(*self.applied, applied))
+
+    def binding(self, adapter: Adapter, *, not_loaded: str = "") -> Binding:
+        """What `adapter` bound on this handle's component (its latest stacking here; none applied when absent)."""
+        entries = sum(1 for entry in adapter.entries if entry.component == self.component)
+        stacked = next((a for a in reversed(self.applied) if a.adapter is adapter), None)
+        if stacked is None or not_loaded:
+            return Binding(adapter.name, self.component, entries, not_loaded=not_loaded)
+        beside_ids = {id(patch) for entries_ in self._side_map.values() for patch, _s in entries_}
+        keys: dict[str, list[WeightPatch]] = {}
+        for patch in stacked.patches:
+            keys.setdefault(patch.key, []).append(patch)
+        projected = sum(1 for patches in keys.values() if any(p.projected for p in patches))
+        beside = sum(1 for patches in keys.values() if any(id(p) in beside_ids for p in patches))
+        return Binding(adapter.name, self.component, entries, len(keys), projected, beside, stacked.strength)
 
     def with_options(self, **options: Any) -> "ModelHandle":
         """A handle like this one (same base, adapters and merged copies) with `options` updated."""
@@ -187,7 +331,8 @@ class ModelHandle:
         banks = self._head_banks()
         token = _active_options.set({**self.options, HEAD_BANKS: banks} if banks else self.options)
         try:
-            with patches_active(self._patch_map), memory.placed_on(self.options.get(PLACED_DEVICE)):
+            with patches_active(self._patch_map), side_active(self._side_map), \
+                    memory.placed_on(self.options.get(PLACED_DEVICE)):
                 yield self.model
         finally:
             _active_options.reset(token)
@@ -223,6 +368,19 @@ class ModelHandle:
                     (patch, applied.strength))
         return found
 
+    def patched_weight(self, module_name: str, param_name: str = "weight") -> torch.Tensor:
+        """The float32 parameter `module_name.param_name` of the base with every stacked patch added.
+
+        Whatever route the patches take when the model runs, this is the weight they stand for (a
+        quantized layer's weight dequantized first): the reference the side path and a merge are held to.
+        """
+        module = self.base.get_submodule(module_name)
+        if param_name == "weight" and getattr(module, "holds_quantized_weights", False):
+            tensor = module.dequantized_weight(torch.float32)
+        else:
+            tensor = getattr(module, param_name).detach().to(torch.float32)
+        return _patched(tensor, self._patched_params().get(module_name, {}).get(param_name, []))
+
     def merge_bytes(self) -> int:
         """Extra bytes a merged copy needs: one copy of each patched parameter in its stored dtype."""
         total = 0
@@ -242,6 +400,23 @@ class ModelHandle:
             self._merged = ModelHandle(tree, name=self.name, component=self.component, options=self.options,
                                        applied=self.applied, base=self.base)
         return self._merged
+
+    def merge_errors(self) -> dict[str, float]:
+        """What merging adds, per quantized weight it requantizes: max |merged - exact| / max |exact|.
+
+        `exact` is the weight the patches stand for (`patched_weight`), so this is the rounding of the
+        one requantization (see QuantizedLinear.requantized for its bound); float weights merge exactly.
+        """
+        merged = self.merged()
+        errors: dict[str, float] = {}
+        for module_name, params in self._patched_params().items():
+            module = self.base.get_submodule(module_name)
+            if "weight" not in params or not getattr(module, "holds_quantized_weights", False):
+                continue
+            exact = self.patched_weight(module_name)
+            stored = merged.model.get_submodule(module_name).dequantized_weight(torch.float32)
+            errors[module_name] = float((stored - exact).abs().max() / exact.abs().max().clamp(min=1e-30))
+        return errors
 
     def prepared(self, max_merge_bytes: int | None = None) -> "ModelHandle":
         """The merged handle when its extra bytes fit `max_merge_bytes` (None: always), else this one."""

@@ -16,7 +16,7 @@ from models.cache import ModelCache, file_identity
 from models.components import (
     ModelPatch, TextEncoder, VAE, load_diffusion_model, load_model_patch, load_text_encoder, load_vae,
 )
-from nodes.spec import Input, NodeSpec, Output
+from nodes.spec import Input, NodeOutput, NodeSpec, Output
 
 UNET_WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
 # Every type ComfyUI's CLIPLoader lists, in its order, so saved workflows keep their value; only the
@@ -214,33 +214,76 @@ def _adapter(node: str, lora_name: str):
     return _loaded(node, "adapter", path, lambda: load_adapter(path))
 
 
-def _stack(node: str, target: Any, adapter: Any, strength: float, what: str) -> Any:
+def _stack(node: str, target: Any, adapter: Any, strength: float, what: str, mode: Any) -> Any:
     try:
-        return target.with_adapter(adapter, float(strength))
+        return target.with_adapter(adapter, float(strength), mode=mode)
     except ValueError as exc:
         raise ValueError(f"{node}: {adapter.name} does not fit the {what}: {exc}") from None
 
 
-def _lora_loader_model_only(model: Any, lora_name: str, strength_model: float) -> tuple[Any]:
-    model = check_model("LoraLoaderModelOnly", model)
-    if strength_model == 0:
-        return (model,)
-    adapter = _adapter("LoraLoaderModelOnly", lora_name)
-    return (keep_shifts(model, _stack("LoraLoaderModelOnly", model, adapter, strength_model, "model")),)
+def _apply_lora(node: str, model: Any, clip: Any, lora_name: str, strength_model: float, strength_clip: float,
+                bypass: bool) -> NodeOutput:
+    """The LoRA loaders' one body: stack the file on the MODEL (and the CLIP, when given) and report what bound.
 
+    The report (models.patcher.Binding, one per component) is the node's text in the editor, its UI
+    output `text`, and the `adapters` note of its row in the job's profile. A file of which nothing
+    applies to what this node loads is an error naming the input.
+    """
+    from models.patcher import AdapterMode
 
-def _lora_loader(model: Any, clip: Any, lora_name: str, strength_model: float,
-                 strength_clip: float) -> tuple[Any, TextEncoder]:
-    model = check_model("LoraLoader", model)
-    clip = check_clip("LoraLoader", clip)
-    if strength_model == 0 and strength_clip == 0:
-        return model, clip
-    adapter = _adapter("LoraLoader", lora_name)
-    new_model = model
+    mode = AdapterMode.BYPASS if bypass else AdapterMode.AUTO
+    model = check_model(node, model)
+    clip = check_clip(node, clip) if clip is not None else None
+    if strength_model == 0 and (clip is None or strength_clip == 0):
+        return NodeOutput.of(model, *(() if clip is None else (clip,)))
+    adapter = _adapter(node, lora_name)
+    new_model, new_clip = model, clip
     if strength_model != 0:
-        new_model = keep_shifts(model, _stack("LoraLoader", model, adapter, strength_model, "model"))
-    new_clip = clip if strength_clip == 0 else _stack("LoraLoader", clip, adapter, strength_clip, "text encoder")
-    return new_model, new_clip
+        new_model = keep_shifts(model, _stack(node, model, adapter, strength_model, "model", mode))
+    if clip is not None and strength_clip != 0:
+        new_clip = _stack(node, clip, adapter, strength_clip, "text encoder", mode)
+    bindings = [new_model.binding(adapter, not_loaded="strength_model is 0" if strength_model == 0 else "")]
+    te_handle = new_clip.handle if clip is not None else None
+    if te_handle is not None:
+        bindings.append(te_handle.binding(adapter, not_loaded="strength_clip is 0" if strength_clip == 0 else ""))
+    else:
+        from models.adapters.keys import TEXT_ENCODER
+        from models.patcher import Binding
+
+        entries = sum(1 for entry in adapter.entries if entry.component == TEXT_ENCODER)
+        if entries:
+            bindings.append(Binding(adapter.name, TEXT_ENCODER, entries, not_loaded="this node loads the model only"))
+    if not any(binding.applied for binding in bindings):
+        asked = [binding for binding in bindings if not binding.not_loaded]
+        found = ", ".join(f"{b.entries} for the {'DiT' if b.component == 'model' else 'text encoder'}"
+                          for b in bindings if b.entries) or "none"
+        raise ValueError(f"{node}: input 'lora_name': nothing in {adapter.name} applies to what this node loads "
+                         f"({'; '.join(b.text() for b in asked)}); its entries: {found}. Load it with a node "
+                         "that takes the part its entries are for, or check that it is an H3 adapter")
+    text = f"{adapter.name}: " + "; ".join(binding.text() for binding in bindings)
+    context = current()
+    context.show(text=text)
+    for binding in bindings:
+        context.note_profile("adapters", binding.as_dict())
+    values = (new_model,) if clip is None else (new_model, new_clip)
+    return NodeOutput.of(*values, ui={"text": [text]})
+
+
+def _lora_loader_model_only(model: Any, lora_name: str, strength_model: float) -> NodeOutput:
+    return _apply_lora("LoraLoaderModelOnly", model, None, lora_name, strength_model, 0.0, bypass=False)
+
+
+def _lora_loader(model: Any, clip: Any, lora_name: str, strength_model: float, strength_clip: float) -> NodeOutput:
+    return _apply_lora("LoraLoader", model, clip, lora_name, strength_model, strength_clip, bypass=False)
+
+
+def _lora_loader_bypass_model_only(model: Any, lora_name: str, strength_model: float) -> NodeOutput:
+    return _apply_lora("LoraLoaderBypassModelOnly", model, None, lora_name, strength_model, 0.0, bypass=True)
+
+
+def _lora_loader_bypass(model: Any, clip: Any, lora_name: str, strength_model: float,
+                        strength_clip: float) -> NodeOutput:
+    return _apply_lora("LoraLoaderBypass", model, clip, lora_name, strength_model, strength_clip, bypass=True)
 
 
 _LORA_NAME_TIP = "Adapter file (LoRA, LoKr or LoHa) from models/loras."
@@ -312,6 +355,44 @@ NODES = [
         node_id="LoraLoaderModelOnly", display_name="LoraLoaderModelOnly", category="loaders",
         description="Adds an adapter (LoRA, LoKr or LoHa) to the diffusion model alone.",
         execute=_lora_loader_model_only,
+        inputs=[
+            Input.link("model", "MODEL"),
+            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
+            Input.float("strength_model", 1.0, **_STRENGTH),
+        ],
+        outputs=[Output("MODEL")],
+        fingerprint=_file_fingerprint("loras", "lora_name"),
+    ),
+    NodeSpec(
+        node_id="LoraLoaderBypass",
+        display_name="Load LoRA (Bypass) (For debugging)",  # provenance: interface
+        category="loaders", python_module="comfy_extras.nodes_lora_debug", experimental=True,
+        description="Adds an adapter (LoRA, LoKr or LoHa) to the diffusion model and the text encoder, computed "
+                    "beside every linear layer's own product through the adapter's small factors instead of being "
+                    "added to the weights. The result equals Load LoRA's; on a quantized model both run this way.",
+        execute=_lora_loader_bypass,
+        inputs=[
+            Input.link("model", "MODEL", tooltip="Diffusion model that receives the adapter."),
+            Input.link("clip", "CLIP", tooltip="Text encoder that receives the adapter."),
+            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
+            Input.float("strength_model", 1.0, **_STRENGTH,
+                        tooltip="Scale of the adapter's change to the diffusion model; 0 skips it, a negative "
+                                "value reverses it."),
+            Input.float("strength_clip", 1.0, **_STRENGTH,
+                        tooltip="Scale of the adapter's change to the text encoder; 0 skips it, a negative value "
+                                "reverses it."),
+        ],
+        outputs=[Output("MODEL", tooltip="Diffusion model with the adapter beside its layers."),
+                 Output("CLIP", tooltip="Text encoder with the adapter beside its layers.")],
+        fingerprint=_file_fingerprint("loras", "lora_name"),
+    ),
+    NodeSpec(
+        node_id="LoraLoaderBypassModelOnly",
+        display_name="Load LoRA (Bypass, Model Only) (for debugging)",  # provenance: interface
+        category="loaders", python_module="comfy_extras.nodes_lora_debug", experimental=True,
+        description="Adds an adapter (LoRA, LoKr or LoHa) to the diffusion model alone, computed beside every linear "
+                    "layer's own product through the adapter's small factors instead of being added to the weights.",
+        execute=_lora_loader_bypass_model_only,
         inputs=[
             Input.link("model", "MODEL"),
             _model_choice("lora_name", "loras", _LORA_NAME_TIP),

@@ -55,6 +55,18 @@ class DeltaSource(abc.ABC):
         factors = {role: t.to(device=device, dtype=torch.float32) for role, t in self.tensors().items()}
         return self.compute(factors)
 
+    # -- the low-rank side path: the delta's product with an activation, without the weight ------
+
+    def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
+        """`alpha` times h @ delta.T for a Linear's input rows h (..., in): (..., out), in h's dtype.
+
+        The delta is never added to a weight: a quantized layer keeps its own product and adds this
+        beside it. This default builds the delta and multiplies by it, which is exact for every kind
+        with a matrix delta; the low-rank kinds override it with products through their factors.
+        """
+        delta = self.compute(side_factors(self, h.device, h.dtype))
+        return torch.nn.functional.linear(h, delta.reshape(delta.shape[0], -1)) * alpha
+
 
 @dataclass
 class Replacement(DeltaSource):
@@ -138,6 +150,24 @@ class RankedDelta(DeltaSource):
         return 1.0 if alpha is None or rank is None else alpha / rank
 
 
+def side_factors(source: DeltaSource, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`source`'s factors on `device` in `dtype`, for its side product.
+
+    On the CPU they are converted per call (no copy at all when the file's dtype is the compute
+    dtype), so the side path holds nothing beyond the adapter file. On an accelerator the converted
+    factors are kept on the source, one set per (device, dtype): moving them every op would cost
+    more than the low-rank products themselves. They are small (the file's size in the compute dtype).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return {role: t.to(dtype=dtype) for role, t in source.tensors().items()}
+    placed = source.__dict__.setdefault("_placed_factors", {})
+    key = (device, dtype)
+    if key not in placed:
+        placed[key] = {role: t.to(device=device, dtype=dtype) for role, t in source.tensors().items()}
+    return placed[key]
+
+
 def alpha_value(alpha: torch.Tensor | None) -> float | None:
     """A stored alpha tensor (shape () or (1,)) as a float, or None when the file has none."""
     if alpha is None:
@@ -213,7 +243,9 @@ class WeightPatch:
     swap_halves: bool = False  # the adapter's rows are [value; gate], ours [gate; value]
     dora_scale: torch.Tensor | None = None
     dora_axis: str | None = None
-    projected: bool = False  # made by moving a wider-input entry onto this layer's input (InputAffine)
+    # True when the entry was mapped onto a module of another form than the one it was trained on (the
+    # pruned DiT's AdaLN projection, InputAffine): counted as "projected" in what a loader reports bound.
+    projected: bool = False
     row_order: torch.Tensor | None = None  # our row i is the delta's row row_order[i] (head-interleaved qkv)
 
     def add_into(self, weight: torch.Tensor, strength: float) -> None:
@@ -250,6 +282,27 @@ class WeightPatch:
             half = scale.shape[0] // 2
             scale = torch.cat((scale[half:], scale[:half]), dim=0)
         region.copy_(dora_apply(region, delta, scale, self.dora_axis, strength))
+
+    @property
+    def runs_beside(self) -> bool:
+        """Whether this patch can run on the side path: an additive matrix delta (DoRA rescales the weight itself)."""
+        return self.param_name == "weight" and self.dora_scale is None and len(self.source.delta_shape()) >= 2 \
+            and all(d == 1 for d in self.source.delta_shape()[2:])
+
+    def add_side(self, out: torch.Tensor, h: torch.Tensor, strength: float) -> None:
+        """Add `strength` times this patch's delta applied to `h` (..., in) into the Linear output `out` (..., out).
+
+        The side-path twin of `add_into`: the rows of a fused parameter are the output's columns,
+        and the [value; gate] swap exchanges the two halves of those columns.
+        """
+        side = self.source.side_product(h, strength)
+        if self.swap_halves:
+            half = side.shape[-1] // 2
+            side = torch.cat((side[..., half:], side[..., :half]), dim=-1)
+        if self.rows is None:
+            out.add_(side)
+        else:
+            out[..., self.rows[0]:self.rows[1]].add_(side)
 
     def nbytes_factors(self) -> int:
         """Bytes of the stored factors (what on-the-fly application keeps besides the base)."""

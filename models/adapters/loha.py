@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from models.adapters.base import RankedDelta
+from models.adapters.base import RankedDelta, side_factors
 
 
 @dataclass
@@ -68,3 +69,16 @@ class LohaDelta(RankedDelta):
 
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._rebuild(factors, 1) * self._rebuild(factors, 2) * self.scale
+
+    def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
+        # (A1 B1) * (A2 B2) is a rank r1 * r2 product U V, U[o, (i, j)] = A1[o, i] A2[o, j] and
+        # V[(i, j), c] = B1[i, c] B2[j, c]; it is used while it is cheaper than the delta itself.
+        out_features, in_features = self._shape(1)[:2]
+        inner = self.w1_b.shape[0] * self.w2_b.shape[0]
+        if self.t1 is not None or len(self._shape(1)) != 2 or inner * (out_features + in_features) >= \
+                out_features * in_features:
+            return super().side_product(h, alpha)
+        factors = side_factors(self, h.device, h.dtype)
+        u = (factors["w1_a"][:, :, None] * factors["w2_a"][:, None, :]).reshape(out_features, inner)
+        v = (factors["w1_b"][:, None, :] * factors["w2_b"][None, :, :]).reshape(inner, in_features)
+        return F.linear(F.linear(h, v) * (alpha * self.scale), u)  # (..., out)

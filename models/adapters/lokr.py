@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from models.adapters.base import RankedDelta
+from models.adapters.base import RankedDelta, side_factors
 
 
 @dataclass
@@ -103,6 +104,23 @@ class LokrDelta(RankedDelta):
         b, d = w2_shape
         region.view(a, b, c, d).addcmul_(w1.view(a, 1, c, 1), w2.view(1, b, 1, d), value=alpha * self.scale)
         return True
+
+    def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
+        # kron(w1, w2) @ x, with x's columns read as a (c, d) grid: w1 @ X @ w2.T, an (a, b) grid
+        # of outputs, row r = p * b + i as in the delta. w2 stays factored when it is stored so.
+        (a, c), w2_shape = self._w1_shape(), self._w2_shape()
+        if len(w2_shape) != 2 or self.t2 is not None:
+            return super().side_product(h, alpha)
+        factors = side_factors(self, h.device, h.dtype)
+        w1 = factors["w1"] if "w1" in factors else factors["w1_a"] @ factors["w1_b"]
+        b, d = w2_shape
+        grid = h.reshape(-1, c, d)  # (M, c, d)
+        if "w2" in factors:
+            grid = F.linear(grid, factors["w2"])  # (M, c, b)
+        else:
+            grid = F.linear(F.linear(grid, factors["w2_b"]), factors["w2_a"])
+        out = torch.matmul(w1 * (alpha * self.scale), grid)  # (M, a, b)
+        return out.reshape(*h.shape[:-1], a * b)
 
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         w1 = factors["w1"] if "w1" in factors else factors["w1_a"] @ factors["w1_b"]

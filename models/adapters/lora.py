@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from models.adapters.base import RankedDelta
+from models.adapters.base import RankedDelta, side_factors
 
 
 @dataclass
@@ -72,6 +73,15 @@ class LoraDelta(RankedDelta):
         down = self.down.to(device=region.device, dtype=torch.float32).reshape(self.down.shape[0], -1)
         region.view(region.shape[0], -1).addmm_(up, down, alpha=alpha * self.scale)
         return True
+
+    def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
+        if self.mid is not None:
+            return super().side_product(h, alpha)
+        factors = side_factors(self, h.device, h.dtype)
+        down = factors["down"].reshape(self.down.shape[0], -1)  # (r, in)
+        up = factors["up"].reshape(self.up.shape[0], self.up.shape[1])  # (out, r)
+        # The scale goes on the rank-wide middle, the smallest tensor of the three products.
+        return F.linear(F.linear(h, down) * (alpha * self.scale), up)  # (..., out)
 
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         up = factors["up"].reshape(self.up.shape[0], self.up.shape[1])  # (out, r)

@@ -30,13 +30,14 @@ dequantizes per op. Their layers are marked by the GGUF file's tensor types rath
 `.comfy_quant` (formats that are not `marked` are not named by markers), and models/gguf.py
 builds the same `QuantPlan` markers.py builds; loading and ops are unchanged.
 
-A low-rank adapter side path y = Q(W)h + s * B(A h), beside the quantized product instead of
-dequantizing W, is expressed through the object too: `adapter_input` gives h, the activation
-the stored weight multiplies (after the prologue and any per-column pre-scale, which a delta on
-W sees as well), and `linear` runs Q(W)h with the unified Linear's epilogue, which is linear in
-an addend: with residual R and residual scale r, R + r * (Q(W)h + bias + side) is
-`linear(x, weight, bias, residual=R + r * side, residual_scale=r)`. ops.QuantizedLinear would
-call that instead of `linear_patched` (today's path: the dequantized weight plus the deltas).
+The low-rank adapter side path y = Q(W)h + s * B(A h), beside the quantized product instead of
+dequantizing W, goes through the object too: `adapter_input` gives h, the activation the stored
+weight multiplies (after the prologue and any per-column pre-scale, which a delta on W sees as
+well), and `linear` runs Q(W)h with the unified Linear's epilogue, which is linear in an addend:
+with residual R and residual scale r, R + r * (Q(W)h + bias + side) is
+`linear(x, weight, bias, residual=R + r * side, residual_scale=r)`. ops.QuantizedLinear calls
+that (models/patcher.py routes the patches); `linear_patched` (the dequantized weight plus the
+deltas) is left for the patches that cannot run beside, DoRA's.
 """
 from __future__ import annotations
 

@@ -99,10 +99,7 @@ def test_merging_into_a_quantized_base_requantizes_once_within_half_a_step(tmp_p
     for name in ("blocks.0.attn.qkv_proj", "blocks.1.mlp.fc1", "blocks.1.attn.out_proj"):
         layer = merged.get_submodule(name)
         assert isinstance(layer, QuantizedLinear) and layer.weight.dtype == model.get_submodule(name).weight.dtype
-        with handle.active():
-            exact = model.get_submodule(name).dequantized_weight()
-            from models.patcher import apply_patches
-            exact = apply_patches(model.get_submodule(name), "weight", exact)
+        exact = handle.patched_weight(name)
         error = layer.dequantized_weight() - exact
         if fmt == "int8_tensorwise":
             # Half a row step per element in the rotated basis; the rotation keeps each row's norm.
@@ -111,6 +108,9 @@ def test_merging_into_a_quantized_base_requantizes_once_within_half_a_step(tmp_p
         else:
             # E2M1 steps are at most 2 (between 4 and 6) times the block's scale: half a step is one scale.
             assert error.abs().max() <= exact.abs().max() / 6 * 1.01
+    errors = handle.merge_errors()
+    assert set(errors) == {"blocks.0.attn.qkv_proj", "blocks.0.mlp.fc2", "blocks.1.mlp.fc1", "blocks.1.attn.out_proj"}
+    assert 0 < max(errors.values()) < (0.2 if fmt == "nvfp4" else 0.02)
     with torch.no_grad():
         on_the_fly = handle(*_inputs())
         merged_out = handle.merged()(*_inputs())
