@@ -179,6 +179,11 @@ class AppliedAdapter:
     patches: tuple[WeightPatch, ...]
     mode: AdapterMode = AdapterMode.AUTO
 
+    @property
+    def projected(self) -> tuple[str, ...]:
+        """Keys of the entries that were moved onto a narrower input to apply (a full-model AdaLN on a pruned DiT)."""
+        return tuple(dict.fromkeys(patch.key for patch in self.patches if patch.projected))
+
 
 # How a report names each component a file's entries are for.
 COMPONENT_NAMES = {MODEL: "DiT", TEXT_ENCODER: "text encoder"}
@@ -219,11 +224,6 @@ class Binding:
             return f"{name}: {self.entries} entries not applied ({self.not_loaded})"
         return (f"{name}: {self.applied} of {self.entries} entries applied at {self.strength:g} "
                 f"({self.projected} projected), {self.beside} on the side path")
-
-    @property
-    def projected(self) -> tuple[str, ...]:
-        """Keys of the entries that were moved onto a narrower input to apply (a full-model AdaLN on a pruned DiT)."""
-        return tuple(dict.fromkeys(patch.key for patch in self.patches if patch.projected))
 
 
 class ModelHandle:

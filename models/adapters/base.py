@@ -285,8 +285,10 @@ class WeightPatch:
 
     @property
     def runs_beside(self) -> bool:
-        """Whether this patch can run on the side path: an additive matrix delta (DoRA rescales the weight itself)."""
-        return self.param_name == "weight" and self.dora_scale is None and len(self.source.delta_shape()) >= 2 \
+        """Whether this patch can run on the side path: an additive matrix delta (DoRA rescales the weight
+        itself, and a replacement such as `set_weight` is a new weight, not an addition)."""
+        return self.param_name == "weight" and self.dora_scale is None and not self.source.replaces \
+            and len(self.source.delta_shape()) >= 2 \
             and all(d == 1 for d in self.source.delta_shape()[2:])
 
     def add_side(self, out: torch.Tensor, h: torch.Tensor, strength: float) -> None:
