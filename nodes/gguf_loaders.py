@@ -74,8 +74,8 @@ def _advanced_problem(dequant_dtype: Any, patch_dtype: Any) -> str | None:
     return None
 
 
-def _unet_loader_gguf_advanced(unet_name: str, dequant_dtype: str = "default", patch_dtype: str = "default",
-                               patch_on_device: bool = False) -> tuple[Any]:
+def _unet_loader_gguf_advanced(unet_name: str, dequant_dtype: str, patch_dtype: str,
+                               patch_on_device: bool) -> tuple[Any]:
     problem = _advanced_problem(dequant_dtype, patch_dtype)
     if problem:
         raise ValueError(problem)

@@ -127,7 +127,7 @@ def _save_audio_advanced(audio: dict, filename_prefix: str, format: dict, prompt
     chosen = format.get("format")
     metadata = file_metadata(prompt, extra_pnginfo)
     if chosen == "flac":
-        return NodeOutput.of(audio, ui={"audio": _write_flacs(node, audio, filename_prefix, "output", metadata)})
+        return NodeOutput.of(audio, ui=_write_flacs(node, audio, filename_prefix, "output", metadata))
     if chosen not in LOSSY_FORMATS:
         raise ValueError(f"{node}: input 'format' is {chosen!r}; the choices are flac, {', '.join(LOSSY_FORMATS)}")
     quality = format.get("quality")
@@ -143,7 +143,7 @@ def _save_audio_advanced(audio: dict, filename_prefix: str, format: dict, prompt
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from None
         written.append({"filename": filename, "subfolder": subfolder, "type": "output"})
-    return NodeOutput.of(audio, ui={"audio": written})
+    return NodeOutput.of(audio, ui={"audio": written, AUDIO_HEALTH_KEY: checked_clips(node, audio, written)})
 
 
 def _save_audio(audio: dict, filename_prefix: str, prompt: Any = None,
