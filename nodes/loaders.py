@@ -289,6 +289,27 @@ def _lora_loader_bypass(model: Any, clip: Any, lora_name: str, strength_model: f
 _LORA_NAME_TIP = "Adapter file (LoRA, LoKr or LoHa) from models/loras."
 _STRENGTH = dict(min=-100.0, max=100.0, step=0.01)
 
+
+def _lora_inputs() -> list:
+    """The inputs of the LoRA loaders that take the model and the text encoder (ordinary and bypass)."""
+    return [
+        Input.link("model", "MODEL", tooltip="Diffusion model that receives the adapter."),
+        Input.link("clip", "CLIP", tooltip="Text encoder that receives the adapter."),
+        _model_choice("lora_name", "loras", _LORA_NAME_TIP),
+        Input.float("strength_model", 1.0, **_STRENGTH,
+                    tooltip="Scale of the adapter's change to the diffusion model; 0 skips it, a negative "
+                            "value reverses it."),
+        Input.float("strength_clip", 1.0, **_STRENGTH,
+                    tooltip="Scale of the adapter's change to the text encoder; 0 skips it, a negative value "
+                            "reverses it."),
+    ]
+
+
+def _lora_model_only_inputs() -> list:
+    """The inputs of the model-only LoRA loaders (ordinary and bypass)."""
+    return [Input.link("model", "MODEL"), _model_choice("lora_name", "loras", _LORA_NAME_TIP),
+            Input.float("strength_model", 1.0, **_STRENGTH)]
+
 NODES = [
     NodeSpec(
         node_id="UNETLoader", display_name="Load Diffusion Model", category="advanced/loaders",
@@ -336,17 +357,7 @@ NODES = [
         description="Adds an adapter (LoRA, LoKr or LoHa) to both the diffusion model and the text encoder. The "
                     "loaded base weights are shared and never changed; the adapter is applied on the fly.",
         execute=_lora_loader,
-        inputs=[
-            Input.link("model", "MODEL", tooltip="Diffusion model that receives the adapter."),
-            Input.link("clip", "CLIP", tooltip="Text encoder that receives the adapter."),
-            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
-            Input.float("strength_model", 1.0, **_STRENGTH,
-                        tooltip="Scale of the adapter's change to the diffusion model; 0 skips it, a negative "
-                                "value reverses it."),
-            Input.float("strength_clip", 1.0, **_STRENGTH,
-                        tooltip="Scale of the adapter's change to the text encoder; 0 skips it, a negative value "
-                                "reverses it."),
-        ],
+        inputs=_lora_inputs(),
         outputs=[Output("MODEL", tooltip="Diffusion model with the adapter."),
                  Output("CLIP", tooltip="Text encoder with the adapter.")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
@@ -355,11 +366,7 @@ NODES = [
         node_id="LoraLoaderModelOnly", display_name="LoraLoaderModelOnly", category="loaders",
         description="Adds an adapter (LoRA, LoKr or LoHa) to the diffusion model alone.",
         execute=_lora_loader_model_only,
-        inputs=[
-            Input.link("model", "MODEL"),
-            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
-            Input.float("strength_model", 1.0, **_STRENGTH),
-        ],
+        inputs=_lora_model_only_inputs(),
         outputs=[Output("MODEL")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
     ),
@@ -371,17 +378,7 @@ NODES = [
                     "beside every linear layer's own product through the adapter's small factors instead of being "
                     "added to the weights. The result equals Load LoRA's; on a quantized model both run this way.",
         execute=_lora_loader_bypass,
-        inputs=[
-            Input.link("model", "MODEL", tooltip="Diffusion model that receives the adapter."),
-            Input.link("clip", "CLIP", tooltip="Text encoder that receives the adapter."),
-            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
-            Input.float("strength_model", 1.0, **_STRENGTH,
-                        tooltip="Scale of the adapter's change to the diffusion model; 0 skips it, a negative "
-                                "value reverses it."),
-            Input.float("strength_clip", 1.0, **_STRENGTH,
-                        tooltip="Scale of the adapter's change to the text encoder; 0 skips it, a negative value "
-                                "reverses it."),
-        ],
+        inputs=_lora_inputs(),
         outputs=[Output("MODEL", tooltip="Diffusion model with the adapter beside its layers."),
                  Output("CLIP", tooltip="Text encoder with the adapter beside its layers.")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
@@ -393,11 +390,7 @@ NODES = [
         description="Adds an adapter (LoRA, LoKr or LoHa) to the diffusion model alone, computed beside every linear "
                     "layer's own product through the adapter's small factors instead of being added to the weights.",
         execute=_lora_loader_bypass_model_only,
-        inputs=[
-            Input.link("model", "MODEL"),
-            _model_choice("lora_name", "loras", _LORA_NAME_TIP),
-            Input.float("strength_model", 1.0, **_STRENGTH),
-        ],
+        inputs=_lora_model_only_inputs(),
         outputs=[Output("MODEL")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
     ),

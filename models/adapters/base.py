@@ -69,17 +69,10 @@ class DeltaSource(abc.ABC):
 
 
 @dataclass
-class Replacement(DeltaSource):
-    """A stored replacement (`set_weight`, `set_bias`): the weight becomes this tensor, whatever the strength.
-
-    As in ComfyUI, a replacement ignores the strength (any non-zero strength sets it) and lands where it
-    stands in the patch order, so deltas stacked after it add to the new value.
-    """
+class StoredValue(DeltaSource):
+    """An entry stored as one whole tensor, `value`, used as it is (no factors, no alpha)."""
 
     value: torch.Tensor
-    kind: str = "set"
-    scale: float = 1.0
-    replaces: bool = True
 
     def delta_shape(self) -> tuple[int, ...]:
         return tuple(self.value.shape)
@@ -92,24 +85,27 @@ class Replacement(DeltaSource):
 
 
 @dataclass
-class HeadBank(DeltaSource):
+class Replacement(StoredValue):
+    """A stored replacement (`set_weight`, `set_bias`): the weight becomes this tensor, whatever the strength.
+
+    As in ComfyUI, a replacement ignores the strength (any non-zero strength sets it) and lands where it
+    stands in the patch order, so deltas stacked after it add to the new value.
+    """
+
+    kind: str = "set"
+    scale: float = 1.0
+    replaces: bool = True
+
+
+@dataclass
+class HeadBank(StoredValue):
     """A stack of `heads` replacements for one output layer (a PDD bank: models/h3/pdd.py); the model blends
     the heads a sampler step covers at each step, so it is never added into a weight or merged."""
 
-    value: torch.Tensor  # (heads * out, in) for a weight, (heads * out,) for a bias
-    heads: int
+    heads: int  # `value` is (heads * out, in) for a weight, (heads * out,) for a bias
     kind: str = "head bank"
     scale: float = 1.0
     per_step: bool = True
-
-    def delta_shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"value": self.value}
-
-    def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
-        return factors["value"]
 
 
 @dataclass
