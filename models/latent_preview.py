@@ -13,9 +13,14 @@ holding the file's size and mtime and refitted when they change; nothing is ever
 folder). A
 model may also carry its own projection in its safetensors metadata (`weft_latent_rgb`: `{"weights":
 [[r, g, b] per channel], "bias": [r, g, b]}`).
+
+Previews are drawn on a helper thread beside a sampler that already keeps every core busy with torch's
+OpenMP team; `one_cpu_thread_here` keeps the helper's own CPU ops to one thread, so it takes one core for
+the time it draws instead of starting a second team that fights the sampler's for every core.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -38,6 +43,21 @@ _fit_lock = threading.Lock()
 # Fits by model file identity (device, inode, size, mtime): every runtime of the process, and every
 # hard link of one file, shares one fit.
 _fits_by_file: dict[tuple[int, int, int, int], "LatentProjection"] = {}
+
+
+def one_cpu_thread_here() -> bool:
+    """Run torch's CPU ops on the calling thread with one OpenMP thread; other threads keep their count.
+    True when that took effect (torch built with OpenMP, whose thread count is per calling thread).
+
+    `torch.set_num_threads` would also change the count every thread started later begins with, so the
+    OpenMP call is made directly, after torch's own per-thread set-up has run (it would undo it)."""
+    torch.get_num_threads()  # torch sets this thread's OpenMP count on its first query; let it happen now
+    try:
+        set_threads = ctypes.CDLL(None).omp_set_num_threads
+    except (OSError, AttributeError):  # no OpenMP in this process's symbols: leave the count as it is
+        return False
+    set_threads(1)
+    return torch.get_num_threads() == 1
 
 
 @dataclass(frozen=True)

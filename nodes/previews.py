@@ -10,12 +10,21 @@ The samplers run `with SamplerPreviews.start(latent) as previews:` and call `pre
 step; drawing happens on a render thread, which sends each step's `progress` right after that step's
 preview (ComfyUI's order), and a preview that fails is logged once and switched off for that run, never
 failing the job.
+
+How often a step is drawn: the render thread draws the newest step handed to it, and only when drawing
+stays within `PREVIEW_SHARE` of the wall time: after a picture that took d seconds, the next one starts no
+sooner than d / PREVIEW_SHARE after it began. A step that comes sooner is sent as plain progress. The
+sampler's last step is always drawn, so the final picture is the one shown. When a step takes longer
+than the pictures' allowance (a real model, or a cheap method) every step is drawn; when steps come
+faster than that (tiny models and taeh3 on a CPU) previews come at a steady rate instead, and a CPU the
+sampler keeps busy loses at most about that share of its time to them.
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -23,7 +32,7 @@ import torch
 
 from execution.context import RunContext, current
 from models.h3.latents import CLIP_LATENTS
-from models.latent_preview import cache_folder, projection_for
+from models.latent_preview import cache_folder, one_cpu_thread_here, projection_for
 from nodes.preview_settings import DEFAULT_PREVIEW_SIZE, FULL_DECODE_EVERY, resolve_method
 
 logger = logging.getLogger(__name__)
@@ -33,6 +42,7 @@ TAEH3_KEY = "preview_taeh3"  # runtime services: {(path, size, mtime): its loade
 TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI's previews look for in vae_approx)
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
+PREVIEW_SHARE = 0.05  # the most of the wall time drawing previews may take (the last step is always drawn)
 
 
 def register_vae(vae: Any) -> None:
@@ -206,6 +216,8 @@ class SamplerPreviews:
             self._wake.notify()
 
     def _render_loop(self) -> None:
+        one_cpu_thread_here()  # the sampler's thread team already has every core
+        next_picture_at = 0.0  # perf_counter time before which only the last step is drawn (PREVIEW_SHARE)
         while True:
             with self._wake:
                 while not self._pending and not self._closed:
@@ -219,7 +231,12 @@ class SamplerPreviews:
             picture = None
             if not self.failed and (frame is not None or sound is not None):
                 try:
-                    picture = self._picture(frame, sound)
+                    if frame is not None and self.taeh3 is None and self.method in ("latent2rgb", "taesd-like"):
+                        self._projection()  # fitted once per VAE file: not a cost of this picture
+                    began = time.perf_counter()
+                    if began >= next_picture_at or step >= total:
+                        picture = self._picture(frame, sound)
+                        next_picture_at = began + (time.perf_counter() - began) / PREVIEW_SHARE
                 except Exception:
                     self.failed = True
                     logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,
@@ -240,7 +257,7 @@ class SamplerPreviews:
             pixels = self.vae.model.decode(frame[None, :, None], tile_batch=1)[0, 0]
         else:
             patch = int(self.vae.model.config.spatial_ratio)
-            projection = projection_for(self.vae, cache_folder(self.ctx.paths.user), announce=self._announce_fit)
+            projection = self._projection()
             pixels = projection.to_pixels(frame) if self.method == "taesd-like" else projection.to_rgb(frame)
         array = (pixels.mul(255.0).add_(0.5).clamp_(0, 255)).to(torch.uint8).numpy()
         image = Image.fromarray(array)
@@ -251,6 +268,9 @@ class SamplerPreviews:
         if image.size != target:
             image = image.resize(target, Image.BILINEAR)
         return draw_audio_band(image, sound) if sound is not None else image
+
+    def _projection(self) -> Any:
+        return projection_for(self.vae, cache_folder(self.ctx.paths.user), announce=self._announce_fit)
 
     def _announce_fit(self) -> None:
         self.ctx.show(text="preparing live previews: fitting the preview colours from the VAE "

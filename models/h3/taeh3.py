@@ -112,26 +112,67 @@ class TAEH3Decoder(nn.Module):
         """Pixels per latent pixel along each side."""
         return 8 * self.config.patch
 
-    def decode_clip(self, latents: torch.Tensor, *, last_frame_only: bool = False) -> torch.Tensor:
-        """(B, C, k, h, w) latents of one clip, from its start -> (B, 4k - 3, 16h, 16w, 3) frames in [0, 1]
-        (with `last_frame_only`, (B, 1, 16h, 16w, 3): the layers after the last time grow see one frame
-        each, so they run on that frame alone)."""
+    def decode_clip(self, latents: torch.Tensor) -> torch.Tensor:
+        """(B, C, k, h, w) latents of one clip, from its start -> (B, 4k - 3, 16h, 16w, 3) frames in [0, 1]."""
         b, c, frames, h, w = latents.shape
         x = latents.permute(0, 2, 1, 3, 4).reshape(b * frames, c, h, w)
-        last_grow = max(i for i, layer in enumerate(self.decoder) if isinstance(layer, TimeGrow))
-        for index, layer in enumerate(self.decoder):
+        for layer in self.decoder:
             if isinstance(layer, MemoryBlock):
                 x = layer(x, frames)
                 continue
             x = layer(x)
             if isinstance(layer, TimeGrow):
                 frames *= layer.stride
-            if index == last_grow and last_frame_only:
-                x = x.view(b, frames, *x.shape[1:])[:, -1]
-                frames = 1
         x = F.pixel_shuffle(x, self.config.patch).clamp_(0.0, 1.0)
-        x = x.view(b, frames, 3, x.shape[-2], x.shape[-1])
-        return (x if last_frame_only else x[:, FRAMES_DROPPED:]).permute(0, 1, 3, 4, 2)
+        x = x.view(b, frames, 3, x.shape[-2], x.shape[-1])[:, FRAMES_DROPPED:]
+        return x.permute(0, 1, 3, 4, 2)
+
+    def _frames_kept(self, frames: int) -> list[int]:
+        """How many trailing frames each layer's input must hold for the last output frame of a clip whose
+        input has `frames` latent frames (index i: the input of layer i; the last entry: the output).
+
+        Counted from the end: the last frame needs 1; a memory block needs one frame more than it gives
+        (each output frame reads its predecessor); a time grow of stride s needs ceil(n / s) of its input
+        frames for n of its output frames; every other layer works frame by frame. Never more than the
+        layer has."""
+        available = [frames]
+        for layer in self.decoder:
+            available.append(available[-1] * (layer.stride if isinstance(layer, TimeGrow) else 1))
+        kept = [1]
+        for layer, held in zip(reversed(self.decoder), reversed(available[:-1])):
+            needed = kept[0]
+            if isinstance(layer, MemoryBlock):
+                needed += 1
+            elif isinstance(layer, TimeGrow):
+                needed = -(-needed // layer.stride)
+            kept.insert(0, min(needed, held))
+        return kept
+
+    def last_frame(self, latents: torch.Tensor) -> torch.Tensor:
+        """(1, C, k, h, w) latents of one clip, from its start -> its last frame, (16h, 16w, 3) in [0, 1].
+
+        Equal to `decode_clip(latents)[0, -1]`, for a fraction of the work: each layer runs on the trailing
+        frames the last one depends on (`_frames_kept`), so the high-resolution layers at the end see one
+        to four frames instead of the clip's sixteen. A memory block run on a window that does not start at
+        the clip's first frame gets no true predecessor for the window's first frame, so that frame's
+        output is dropped (it is one the next layer does not need)."""
+        _, c, frames, h, w = latents.shape
+        kept = self._frames_kept(frames)
+        x = latents[0].permute(1, 0, 2, 3)[frames - kept[0]:]  # (kept frames, C, h, w)
+        held = frames
+        for index, layer in enumerate(self.decoder):
+            x = x[x.shape[0] - kept[index]:]
+            if isinstance(layer, MemoryBlock):
+                starts_clip = kept[index] == held
+                x = layer(x, x.shape[0])
+                if not starts_clip:
+                    x = x[1:]
+                continue
+            x = layer(x)
+            if isinstance(layer, TimeGrow):
+                held *= layer.stride
+        x = F.pixel_shuffle(x[-1:], self.config.patch).clamp_(0.0, 1.0)  # (1, 3, 16h, 16w)
+        return x[0].permute(1, 2, 0)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, T', h, w) H3 video latents -> (B, frames, 16h, 16w, 3), clip by clip (17 frames per 5 latents)."""
@@ -145,7 +186,7 @@ class TAEH3Decoder(nn.Module):
     def frame_at(self, latents: torch.Tensor, index: int) -> torch.Tensor:
         """The last frame latent `index` stands for, decoded from the start of its clip: (16h, 16w, 3)."""
         start = index - index % CLIP_LATENTS
-        return self.decode_clip(latents[:1, :, start:index + 1], last_frame_only=True)[0, -1]
+        return self.last_frame(latents[:1, :, start:index + 1])
 
 
 def config_from_state(state: dict[str, torch.Tensor]) -> TAEH3Config:

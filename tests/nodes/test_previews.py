@@ -125,8 +125,9 @@ def test_sampler_sends_a_preview_with_its_audio_band_and_progress_in_order_every
     sampler = [(e, d) for e, d in seen if d.get("node") == "sample" or d.get("display_node") == "sample"
                or (e == "progress_state" and d["nodes"].get("sample", {}).get("state") == "running")]
     shots = [d for e, d in sampler if e == "preview"]
-    # One per step at most (the render thread skips a step it could not draw before the next one came),
-    # and always the last step's; full decodes every 4th step only. The audio is drawn into the picture.
+    # One per step at most (the render thread skips a step it could not draw before the next one came, or
+    # one that came within the pictures' share of time), and always the last step's; full decodes every
+    # 4th step only. The audio is drawn into the picture.
     assert 1 <= len(shots) <= (4 if method != "full" else 1)
     # The only text: the first preview's fit announcing itself (when this process had not fitted the VAE yet).
     assert all(d["text"].startswith("preparing live previews") for e, d in sampler if e == "progress_text")
@@ -234,3 +235,38 @@ def test_taesd_without_the_file_falls_back_to_latent2rgb_and_says_so_once(h3, ca
             assert [e for e, _ in seen if e == "preview"]
     said = [r for r in caplog.records if "taeh3.safetensors" in r.getMessage()]
     assert len(said) == 1 and "latent2rgb" in said[0].getMessage()
+
+
+def test_the_render_thread_draws_with_one_cpu_thread_and_leaves_the_others_theirs():
+    import threading
+
+    before = torch.get_num_threads()
+    seen = {}
+
+    def helper():
+        seen["limited"] = latent_preview.one_cpu_thread_here()
+        seen["threads"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    later = threading.Thread(target=lambda: seen.setdefault("later", torch.get_num_threads()))
+    later.start()
+    later.join()
+    if seen["limited"]:  # torch with OpenMP (the Linux and Windows wheels)
+        assert seen["threads"] == 1
+    assert torch.get_num_threads() == before and seen["later"] == before
+
+
+def test_pictures_keep_to_their_share_of_the_time_and_the_last_step_is_always_drawn(h3, monkeypatch):
+    _install_taeh3(h3)
+    # A share this small makes the allowance after the first picture outlast the run: only the first
+    # picture drawn and the last step's remain, and every step still reports its progress, in order.
+    monkeypatch.setattr(previews, "PREVIEW_SHARE", 1e-6)
+    h3.runtime.preview_method, h3.runtime.preview_size = None, 512
+    seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=4, seed=21, save_video=False),
+                           extra_data={"preview_method": "taesd"})
+    sampler = [(e, d) for e, d in seen if e in ("preview", "progress") and d.get("node") == "sample"]
+    assert [d["value"] for e, d in sampler if e == "progress"] == [1, 2, 3, 4]
+    drawn = [sampler[i + 1][1]["value"] for i, (e, _) in enumerate(sampler) if e == "preview"]
+    assert 1 <= len(drawn) <= 2 and drawn[-1] == 4

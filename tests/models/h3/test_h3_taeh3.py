@@ -58,3 +58,26 @@ def test_a_file_that_is_not_taeh3_is_refused_naming_the_key(tmp_path):
     save_file({k: v.contiguous() for k, v in wrong.items()}, str(tmp_path / "wrong.safetensors"))
     with pytest.raises(ValueError, match="decoder.22.weight"):
         load_taeh3(tmp_path / "wrong.safetensors")
+
+
+@pytest.mark.parametrize("latent_t", [1, 2, 4, 5])
+def test_the_previewed_frame_runs_each_layer_on_the_frames_it_depends_on_only(tiny_file, latent_t):
+    decoder = load_taeh3(tiny_file)
+    latents = torch.randn(1, 24, latent_t, 3, 2, generator=torch.Generator().manual_seed(10 + latent_t))
+    seen: dict[int, list[int]] = {}
+    hooks = [layer.register_forward_pre_hook(lambda _, args, i=i: seen.setdefault(i, []).append(args[0].shape[0]))
+             for i, layer in enumerate(decoder.decoder)]
+    with torch.no_grad():
+        full = decoder.decode_clip(latents)[0, -1]
+        full_counts = {i: counts.pop() for i, counts in seen.items()}
+        last = decoder.last_frame(latents)
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(last, full, atol=1e-6, rtol=0)
+    window = {i: counts.pop() for i, counts in seen.items()}
+    # The last stage's memory blocks (time at 2x the latents', 4 frames per latent in all after the last grow)
+    # see the 4, 3, 2 frames the last one reads back to, not the whole clip's; the layers after it see one.
+    stage = [min(n, 2 * latent_t) for n in (4, 3, 2)]
+    assert [window[i] for i in (15, 16, 17)] == stage and [full_counts[i] for i in (15, 16, 17)] == [2 * latent_t] * 3
+    assert window[20] == window[22] == 1 and full_counts[22] == 4 * latent_t
+    assert all(window[i] <= full_counts[i] for i in window)
