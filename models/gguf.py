@@ -30,6 +30,19 @@ The H3 GGUF files these readers are for (facts from public notes, no real file i
 So Weft detects the architecture by tensor names as it does for safetensors (models/loading.py) and
 ignores `general.architecture`. llama.cpp-named text encoders (`blk.N.attn_q`, a separate mmproj
 file for the vision tower) are not read: the error says so.
+
+The compute dtype. A GGUF file's float tensors are its small ones (norms, biases, the layers left
+unquantized), mostly F32 because the converters keep them so; taking the model's dtype from them, as
+from a safetensors file's weights, would run an H3 DiT in float32 on a GPU. ComfyUI-GGUF does not: its
+layers are ComfyUI's manual-cast layers (`GGMLOps` derives from `comfy.ops.manual_cast`), which decode
+and cast every weight to the dtype of the activations at each op, and ComfyUI picks that dtype for the
+device as for any diffusion model (`model_management.unet_dtype`: float16 or bfloat16 where the GPU
+runs it well, float32 on the CPU). Weft does the same through its one place for that choice: a GGUF
+model computes in `memory.compute_dtype()` (bfloat16 on a CUDA card that supports it, else float16;
+float16 on Apple MPS; float32 on the CPU); its block layers decode in float32 and round once to it, its
+float tensors are cast to it, and the float32 islands (patch projections, time embedding, output heads)
+stay float32 as in every H3 model. A model loaded for one device and placed on another
+(`SelectModelDevice`) keeps the dtype it was loaded with.
 """
 from __future__ import annotations
 

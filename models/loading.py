@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from models import gguf as gguf_files
+from models.memory import compute_dtype
 from models.ops import QuantizedEmbedding, QuantizedLinear
 from models.quant.formats import EMBEDDABLE_FORMATS, STORED_DTYPES, SUPPORTED_FORMATS
 from models.quant.markers import QuantPlan, read_plan
@@ -597,7 +598,8 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
     """Load an H3 model from a safetensors file: detect it, recover its config, check every shape, fill the weights.
 
     expect: the architecture(s) the caller accepts (refused otherwise, naming what was found). dtype: the
-    compute dtype of the weights (default: the file's dtype for float formats, float8 upcast to bfloat16);
+    compute dtype of the weights (default: the file's dtype for float formats, float8 upcast to bfloat16;
+    for a GGUF file the compute device's dtype, `memory.compute_dtype()`: see models/gguf.py);
     float32 islands (patch projections, time embedding, output heads, latent statistics) stay float32.
     qkv_layout: the H3 transformer's fused qkv row order, "stacked" (every published single file) or
     "interleaved" (a file merged by hand from the MiniMaxAI shards); default: the file's `qkv_layout`
@@ -646,7 +648,9 @@ def load_model(path: str, *, expect: str | tuple[str, ...] | None = None, dtype:
 
     with torch.device("meta"):
         model = cls(config)
-    if dtype is None:
+    if dtype is None and header.gguf is not None:
+        dtype = compute_dtype()  # see "The compute dtype" in models/gguf.py
+    elif dtype is None:
         float_dtypes = [header.tensors[v].dtype for v in file_keys.values() if v not in stored_keys]
         main = max(set(float_dtypes), key=float_dtypes.count) if float_dtypes else "F32"
         dtype = torch.bfloat16 if main in FLOAT8 else SUPPORTED_DTYPES[main]

@@ -42,8 +42,9 @@ def _type_for(key: str, value: torch.Tensor, block_type: str | tuple[str, ...], 
     return "F32"
 
 
-def write_with_gguf_package(path, state, block_type, *, arch="wan", bf16_norms=False, strings=None):
-    """`state` as a GGUF file written by gguf.GGUFWriter; returns {key: ggml type name}."""
+def write_with_gguf_package(path, state, block_type, *, arch="wan", bf16_norms=False, strings=None, floats="F32"):
+    """`state` as a GGUF file written by gguf.GGUFWriter (its float tensors in `floats`, F32 or F16); returns
+    {key: ggml type name}."""
     writer = gguf.GGUFWriter(str(path), arch)
     for key, text in (strings or {}).items():
         writer.add_string(key, text)
@@ -57,7 +58,10 @@ def write_with_gguf_package(path, state, block_type, *, arch="wan", bf16_norms=F
         if value.dim() > 4:  # ggml keeps four dimensions; the true shape travels in the metadata
             writer.add_array(f"comfy.gguf.orig_shape.{key}", list(value.shape))
             array = array.reshape(-1, *value.shape[2:])
-        if kind == "F32":
+        if kind == "F32" and floats == "F16":
+            writer.add_tensor(key, array.astype(np.float16))
+            kind = "F16"
+        elif kind == "F32":
             writer.add_tensor(key, array)
         else:
             qtype = gguf.GGMLQuantizationType[kind]
@@ -160,6 +164,32 @@ def test_gguf_dit_under_the_comfyui_prefix_with_bfloat16_norms_reads_the_same(tm
     with torch.no_grad():
         for a, b in zip(model(*_inputs()), load_model(str(plain)).model(*_inputs())):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-2 * b.abs().max().item())
+
+
+def test_a_gguf_model_computes_in_the_compute_devices_dtype_not_its_float_tensors(tmp_path):
+    # Its float tensors in float16 (a file's small tensors decide nothing): on the CPU it computes in float32.
+    path = tmp_path / "f16_floats.gguf"
+    types = write_with_gguf_package(path, _dit_state(), "Q8_0", floats="F16")
+    assert set(types.values()) == {"Q8_0", "F16"}
+    previous = memory.manager()
+    try:
+        memory.activate(memory.MemoryManager(device="cpu"))  # the CPU's dtype: float32
+        on_cpu = load_model(str(path)).model
+        # A runtime whose device computes in bfloat16 (a CUDA card that supports it), stood in for on the CPU.
+        memory.activate(memory.MemoryManager(device="cpu", dtype=torch.bfloat16))
+        on_bf16 = load_model(str(path)).model
+        with torch.no_grad():
+            reference, low = on_cpu(*_inputs()), on_bf16(*_inputs())
+    finally:
+        memory.activate(previous)
+    assert on_cpu.compute_dtype == torch.float32 and on_bf16.compute_dtype == torch.bfloat16
+    fc1 = on_bf16.blocks[0].mlp.fc1
+    assert isinstance(fc1, QuantizedLinear) and fc1.compute_dtype == torch.bfloat16
+    assert on_bf16.blocks[0].norm1.weight.dtype == torch.bfloat16 and on_cpu.blocks[0].norm1.weight.dtype == torch.float32
+    # The float32 islands stay float32 (the patch projections' biases, the pruned model's AdaLN projections).
+    assert on_bf16.video_patch_proj.bias.dtype == on_bf16.blocks[0].adaln_proj.linear.weight.dtype == torch.float32
+    for a, b in zip(low, reference):
+        assert a.dtype == torch.float32 and (a - b).abs().max() <= 5e-2 * b.abs().max()
 
 
 def test_resident_bytes_of_a_gguf_model_stay_within_its_file_size(tmp_path):
