@@ -32,7 +32,9 @@ H3 templates load, each a tiny random model stored the way the released file sto
   GGUF conversions (models/gguf.py): original key names, every 2-D weight whose rows are whole
   blocks in Q8_0, the DiT's float32 islands and every 1-D tensor in F32, the rest F16, the vision
   tower's Conv3d weight with its shape in `comfy.gguf.orig_shape`. The released files also come in
-  K types (Q4_K, Q2_K_M, ...), which Weft reads but does not write.
+  K types (Q4_K, Q2_K_M, ...), whose blocks hold 256 values: no row of these tiny models is that wide,
+  so the tiny files stay Q8_0 (Weft writes Q6_K and Q4_K; tests/models/test_gguf_loading.py writes a
+  DiT widened to 256 in them).
 - `qwen3vl_32b_minimax_h3_nvfp4_awq`: a tiny Qwen3-VL (language model and vision tower) stored as the
   released encoder is: the language model's linears in nvfp4 (AWQ `pre_quant_scale` on o_proj and
   down_proj), the token table in int8, the vision tower in bfloat16, a few layers and no final norm;

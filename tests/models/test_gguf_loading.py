@@ -12,7 +12,8 @@ audio and 1.5e-2 for the conditioning), the Q4_0 / Q4_1 / Q5_0 / Q5_1 mix 2.5e-1
 8e-2: 4-bit codes through random tiny weights, which amplify more than trained ones). Against the
 float model of its own dequantized weights the GGUF model is exact (the same arithmetic; 1e-5). The K
 types, which the gguf package cannot write in numpy, load from random valid blocks on a DiT widened to
-256 and are checked against that exact reference and the package's decoded weights.
+256 and are checked against that exact reference and the package's decoded weights; Q6_K and Q4_K are
+also written from the float weights by Weft's own encoder and checked against the float model.
 """
 import dataclasses
 import functools
@@ -24,12 +25,14 @@ import torch
 
 gguf = pytest.importorskip("gguf")  # pinned in requirements-test.txt; never skipped there
 
+from kernels.gguf_blocks import BLOCK_SIZES  # noqa: E402
 from models import memory  # noqa: E402
 from models.adapters import load_adapter  # noqa: E402
 from models.h3 import transformer  # noqa: E402
 from models.h3.tiny_released import PRUNED_TINY_CONFIG, build_pruned_transformer  # noqa: E402
 from models.loading import load_model, load_state_dict, read_header  # noqa: E402
 from models.ops import QuantizedEmbedding, QuantizedLinear  # noqa: E402
+from models.quant.formats.gguf import K_WRITABLE_TYPES, encode_blocks  # noqa: E402
 from models.patcher import ModelHandle  # noqa: E402
 from tests.models.adapters.helpers import assert_unchanged, rand, snapshot, write_adapter  # noqa: E402
 
@@ -37,8 +40,9 @@ MIXED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 
 def _type_for(key: str, value: torch.Tensor, block_type: str | tuple[str, ...], index: int) -> str:
-    if key.endswith(".weight") and value.dim() == 2 and value.shape[1] % 32 == 0:
-        return block_type if isinstance(block_type, str) else block_type[index % len(block_type)]
+    kind = block_type if isinstance(block_type, str) else block_type[index % len(block_type)]
+    if key.endswith(".weight") and value.dim() == 2 and value.shape[1] % BLOCK_SIZES[kind][0] == 0:
+        return kind
     return "F32"
 
 
@@ -63,6 +67,8 @@ def write_with_gguf_package(path, state, block_type, *, arch="wan", bf16_norms=F
             kind = "F16"
         elif kind == "F32":
             writer.add_tensor(key, array)
+        elif kind in K_WRITABLE_TYPES:  # the gguf package quantizes no K type: Weft's own encoder
+            writer.add_tensor(key, encode_blocks(kind, value).numpy(), raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             qtype = gguf.GGMLQuantizationType[kind]
             writer.add_tensor(key, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
@@ -367,6 +373,39 @@ def test_every_k_type_loads_as_a_layer_that_computes_with_the_gguf_packages_deco
     for a, b in zip(ours, reference):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item())
+
+
+def _wide_dit():
+    """The tiny DiT widened to 256, so that its block rows are whole 256-value K blocks, and its float state."""
+    config = dataclasses.replace(transformer.TINY_CONFIG, hidden_size=256, head_dim=128, ffn_size=256, text_dim=256,
+                                 time_hidden_size=256)
+    from models.h3.make_tiny import _init_weights
+    model = transformer.H3Transformer(config)
+    _init_weights(model, 5)
+    return model.eval(), {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("block_type,tolerance", [("Q6_K", 5e-2), ("Q4_K", 1.5e-1)])
+def test_a_k_typed_gguf_dit_written_by_weft_gives_the_float_dits_velocities(tmp_path, block_type, tolerance):
+    # Every weight whose rows are whole 256-value blocks in the K type (Weft's encoder, models/quant/formats/
+    # gguf.py), the rest F32. Stated error, largest difference over the output's largest value: Q6_K 5e-2,
+    # Q4_K 1.5e-1 (measured 1.5e-2 / 2.5e-2 and 6.1e-2 / 9.2e-2 for video / audio; Q8_0 6e-3 / 9e-3 and
+    # Q4_1 8.6e-2 / 1.2e-1 on the same model).
+    float_model, state = _wide_dit()
+    path = tmp_path / f"wide-{block_type}.gguf"
+    types = write_with_gguf_package(path, state, block_type, arch="minimax_h3")
+    assert sum(t == block_type for t in types.values()) >= 8
+    model = load_model(str(path)).model
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert set(quantized) == {k[:-len(".weight")] for k, t in types.items() if t == block_type}
+    assert {m.stored_format.type_name for m in quantized.values()} == {block_type}
+    gen = torch.Generator().manual_seed(2)
+    inputs = (torch.randn(1, 24, 2, 4, 4, generator=gen), torch.randn(1, 32, 2, 5, generator=gen),
+              torch.randn(1, 3, 256, generator=gen), 0.7, 0.6)
+    with torch.no_grad():
+        ours, original = model(*inputs), float_model(*inputs)
+    for a, c in zip(ours, original):
+        assert torch.isfinite(a).all() and (a - c).abs().max() <= tolerance * c.abs().max()
 
 
 def test_a_llama_cpp_named_encoder_is_refused_saying_which_names_are_read(tmp_path):
