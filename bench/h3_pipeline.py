@@ -15,6 +15,8 @@ the server's encoding count too; the steadier figure on a shared machine); the r
 goal (<= 1.05); preview frames per second is the number of binary preview frames the client received
 over the sampling wall time of the jobs that sent them. A third kind of job in each round asks for `taesd`,
 drawn by a tiny taeh3 (models/vae_approx, written for the run): its ratio to off has the goal <= 1.10.
+Pictures keep to nodes/previews.py's share of the sampling time (PREVIEW_SHARE, the last step always
+drawn), so on these fast tiny steps not every step is drawn: the frames received are counted per method.
 The three kinds run in a rotating order each round.
 
     .venv/bin/python bench/h3_pipeline.py
