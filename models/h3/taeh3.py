@@ -107,6 +107,20 @@ class TAEH3Decoder(nn.Module):
         layers += [nn.ReLU(), _conv(w3, 3 * config.patch ** 2)]
         self.decoder = nn.Sequential(*layers)
 
+    def on(self, device: torch.device | str) -> "TAEH3Decoder":
+        """This decoder on `device`: itself where it already is, else a copy made once and kept with it (the
+        previews decode the sampler's latents where they are; the decoder is a few MiB)."""
+        device = torch.device(device)
+        here = next(self.parameters()).device
+        if device == here:
+            return self
+        copies = self.__dict__.setdefault("_copies_by_device", {})
+        if device not in copies:
+            copy = TAEH3Decoder(self.config)
+            copy.load_state_dict(self.state_dict())
+            copies[device] = copy.to(device).eval().requires_grad_(False)
+        return copies[device]
+
     @property
     def spatial_ratio(self) -> int:
         """Pixels per latent pixel along each side."""

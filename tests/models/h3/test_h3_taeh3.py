@@ -81,3 +81,14 @@ def test_the_previewed_frame_runs_each_layer_on_the_frames_it_depends_on_only(ti
     assert [window[i] for i in (15, 16, 17)] == stage and [full_counts[i] for i in (15, 16, 17)] == [2 * latent_t] * 3
     assert window[20] == window[22] == 1 and full_counts[22] == 4 * latent_t
     assert all(window[i] <= full_counts[i] for i in window)
+
+
+def test_the_decoder_runs_where_the_latents_are_from_one_copy_per_device(tiny_file):
+    decoder = load_taeh3(tiny_file)
+    assert decoder.on("cpu") is decoder
+    elsewhere = decoder.on("meta")  # any other device: the sampler's GPU in use; meta stands in here
+    assert elsewhere is not decoder and decoder.on(torch.device("meta")) is elsewhere
+    assert all(p.device.type == "meta" for p in elsewhere.parameters())
+    assert all(p.device.type == "cpu" for p in decoder.parameters())
+    frame = elsewhere.frame_at(torch.randn(1, 24, 4, 3, 2, device="meta"), 3)
+    assert frame.device.type == "meta" and tuple(frame.shape) == (48, 32, 3)
