@@ -54,7 +54,7 @@ def one_cpu_thread_here() -> bool:
     torch.get_num_threads()  # torch sets this thread's OpenMP count on its first query; let it happen now
     try:
         set_threads = ctypes.CDLL(None).omp_set_num_threads
-    except (OSError, AttributeError):  # no OpenMP in this process's symbols: leave the count as it is
+    except (OSError, AttributeError, TypeError):  # no OpenMP among the process's symbols: count left as is
         return False
     set_threads(1)
     return torch.get_num_threads() == 1

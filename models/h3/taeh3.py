@@ -166,11 +166,12 @@ class TAEH3Decoder(nn.Module):
         """(1, C, k, h, w) latents of one clip, from its start -> its last frame, (16h, 16w, 3) in [0, 1].
 
         Equal to `decode_clip(latents)[0, -1]`, for a fraction of the work: each layer runs on the trailing
-        frames the last one depends on (`_frames_kept`), so the high-resolution layers at the end see one
-        to four frames instead of the clip's sixteen. A memory block run on a window that does not start at
+        frames the last one depends on (`_frames_kept`), so the last stage's memory blocks see 4, 3 and 2
+        frames instead of twice the latents, and the layers after the last time grow one frame instead of
+        four per latent. A memory block run on a window that does not start at
         the clip's first frame gets no true predecessor for the window's first frame, so that frame's
         output is dropped (it is one the next layer does not need)."""
-        _, c, frames, h, w = latents.shape
+        frames = latents.shape[2]
         kept = self._frames_kept(frames)
         x = latents[0].permute(1, 0, 2, 3)[frames - kept[0]:]  # (kept frames, C, h, w)
         held = frames
