@@ -137,10 +137,15 @@ def test_a_latent_saved_part_way_through_the_schedule_is_finished_by_another_run
     base = t2va_prompt(save_video=False, length=22)
     prompt = {node: base[node] for node in ("unet", "clip", "text", "empty")}
     prompt.update({
+        # Frames 5-14 generated, the rest kept: the file must carry the noise masks for run 2 to keep them too.
+        "ranges": {"class_type": "MiniMaxH3FrameRangeMasks", "inputs": {"samples": ["empty", 0], "start_frame": 5,
+                                                                        "frame_count": 10}},
+        "masked": {"class_type": "MiniMaxH3SetLatentNoiseMasks", "inputs": {
+            "samples": ["empty", 0], "video_mask": ["ranges", 0], "audio_mask": ["ranges", 1]}},
         # Steps 0-1 of 4, keeping the noise that is left, saved; and, for reference, all 4 steps in one go.
-        "half": _ksampler(["empty", 0], add_noise="enable", start=0, end=2, leftover="enable"),
+        "half": _ksampler(["masked", 0], add_noise="enable", start=0, end=2, leftover="enable"),
         "save": {"class_type": "SaveLatent", "inputs": {"samples": ["half", 0], "filename_prefix": "part/half"}},
-        "whole": _ksampler(["empty", 0], add_noise="enable", start=0, end=10000, leftover="disable"),
+        "whole": _ksampler(["masked", 0], add_noise="enable", start=0, end=10000, leftover="disable"),
         "probe_whole": {"class_type": "TestOutput", "inputs": {"value": ["whole", 0]}},
     })
     made = first.run(prompt)
@@ -163,3 +168,6 @@ def test_a_latent_saved_part_way_through_the_schedule_is_finished_by_another_run
     for key in ("samples", "audio_samples"):
         assert torch.equal(finished[key], whole[key]), key
     assert finished["frame_rate"] == whole["frame_rate"] and finished["length"] == whole["length"] == 22
+    assert torch.equal(finished["noise_mask"], whole["noise_mask"])
+    # Latent frame 0 (pixel frame 0) was kept, so it is still the empty latent's zeros; frame 3 (9-12) was made.
+    assert not finished["samples"][:, :, 0].any() and finished["samples"][:, :, 3].abs().sum() > 0
