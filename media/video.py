@@ -10,7 +10,8 @@ AUDIO and an exact frame rate; `VideoFile` probes a file at once and decodes fra
 converts a few frames at a time straight from the source, so a long clip is never copied whole, and
 the file appears under its name only once it is complete. A joined video's clips are encoded one by one
 and their packets copied into the file; `EncodedPieces` keeps those pieces for clips still in memory,
-so writing the joined clip again after one part changed encodes only that part.
+and the last few sound tracks written, so writing the joined clip again after its last part changed
+encodes only that part's pictures and the sound from a little before the first changed sample.
 """
 from __future__ import annotations
 
@@ -440,17 +441,120 @@ def _mp4_sound(video: Video, frame_count: int) -> np.ndarray | None:
     return np.ascontiguousarray(waveform.clamp(-1, 1).cpu().numpy(), dtype=np.float32)
 
 
-def _mux_sound(container, track, sound: np.ndarray, start: int, stop: int) -> int:
-    """Encode samples start..stop of `sound` and return `stop` (where the next call begins)."""
-    if stop <= start:
-        return start
-    block = av.AudioFrame.from_ndarray(np.ascontiguousarray(sound[:, start:stop]), format="fltp", layout="stereo")
-    block.sample_rate = MP4_AUDIO_SAMPLE_RATE_HZ
-    block.pts = start
-    block.time_base = Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
-    for packet in track.encode(block):  # PyAV splits the block into the encoder's own frame size
-        container.mux(packet)
-    return stop
+@dataclass(frozen=True)
+class _SoundPacket:
+    """One encoded AAC frame as it went into a file: its bytes and timing (in `time_base` units)."""
+    data: bytes
+    pts: int
+    dts: int
+    duration: int
+    time_base: Fraction
+
+
+@dataclass
+class _EncodedSound:
+    """A whole sound track as written: the samples the encoder was given and the packets it made."""
+    encoder: str
+    samples: np.ndarray  # (2, S) float32 at 32 kHz
+    packets: list[_SoundPacket]
+
+    @property
+    def nbytes(self) -> int:
+        return self.samples.nbytes + sum(len(packet.data) for packet in self.packets)
+
+
+SOUND_SPLICE_PRIMING_FRAMES = 4  # encoder frames fed, and their packets dropped, before a splice point
+
+
+class _SoundTrack:
+    """Writes a video's sound into its AAC track, interleaved with the pictures by `write_until`.
+
+    Given an earlier encoding of a sound that begins with the same samples, it copies that encoding's
+    packets up to a splice point a little before the first changed sample and encodes only from there:
+    the encoder starts `SOUND_SPLICE_PRIMING_FRAMES` frames before the splice point and its packets
+    before it are dropped, so every packet kept was made from the samples it stands for (an AAC frame
+    sees its own samples and the frame before; the margin also covers the encoder's look-ahead). The
+    encoder's rate control starts anew there, so the few frames after the splice point are coded a little
+    differently from a whole encode: their error stays within what the whole encode makes at its worst
+    moment (tests/media/test_video_values.py).
+    """
+
+    def __init__(self, container, track, sound: np.ndarray, earlier: "_EncodedSound | None", encoder: str) -> None:
+        self.container, self.track, self.sound, self.encoder = container, track, sound, encoder
+        self.copied: list[_SoundPacket] = []
+        self.copied_count = 0  # packets taken from the earlier encoding
+        self.splice_pts: int | None = None  # packets of the fresh encode before this are dropped
+        self.fed = 0  # samples handed to the encoder so far
+        self.written: list[_SoundPacket] = []
+        if earlier is not None:
+            self._plan_splice(earlier)
+
+    def _plan_splice(self, earlier: "_EncodedSound") -> None:
+        frame = self.track.codec_context.frame_size or 1024
+        common = _common_prefix(earlier.samples, self.sound)
+        if common == self.sound.shape[1] == earlier.samples.shape[1]:
+            self.copied, self.fed = list(earlier.packets), common  # the same sound: every packet as it was
+            return
+        # Packet k (pts (k - 1) * frame) holds samples up to (k + 1) * frame; one frame more of margin.
+        splice_frame = common // frame - 2
+        if splice_frame <= SOUND_SPLICE_PRIMING_FRAMES:
+            return
+        self.splice_pts = (splice_frame - 1) * frame
+        self.copied = [p for p in earlier.packets if p.time_base == Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
+                       and p.pts < self.splice_pts]
+        if len(self.copied) != splice_frame:  # not the encoding this plan assumes: encode it all
+            self.copied, self.splice_pts = [], None
+            return
+        self.fed = (splice_frame - SOUND_SPLICE_PRIMING_FRAMES) * frame
+
+    def _mux(self, packet: _SoundPacket) -> None:
+        self.written.append(packet)
+        out = av.Packet(packet.data)
+        out.pts, out.dts, out.duration, out.time_base = packet.pts, packet.dts, packet.duration, packet.time_base
+        out.stream = self.track
+        self.container.mux(out)
+
+    def _take(self, packets) -> None:
+        for packet in packets:
+            if packet.pts is None:
+                continue
+            kept = _SoundPacket(bytes(packet), packet.pts, packet.dts, packet.duration, packet.time_base)
+            if self.splice_pts is None or kept.pts >= self.splice_pts:
+                self._mux(kept)
+
+    def write_until(self, stop: int) -> None:
+        """Write the sound up to sample `stop` (copied packets first, then freshly encoded samples)."""
+        while self.copied and self.copied[0].pts < stop:
+            self._mux(self.copied.pop(0))
+            self.copied_count += 1
+        stop = min(stop, self.sound.shape[1])
+        if stop <= self.fed:
+            return
+        block = av.AudioFrame.from_ndarray(np.ascontiguousarray(self.sound[:, self.fed:stop]), format="fltp",
+                                           layout="stereo")
+        block.sample_rate = MP4_AUDIO_SAMPLE_RATE_HZ
+        block.pts = self.fed
+        block.time_base = Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
+        self._take(self.track.encode(block))  # PyAV splits the block into the encoder's own frame size
+        self.fed = stop
+
+    def finish(self) -> _EncodedSound:
+        """Write the rest and flush the encoder; the whole track as written."""
+        self.write_until(self.sound.shape[1])
+        while self.copied:
+            self._mux(self.copied.pop(0))
+            self.copied_count += 1
+        self._take(self.track.encode(None))  # nothing when every packet was copied
+        return _EncodedSound(self.encoder, self.sound, self.written)
+
+
+def _common_prefix(first: np.ndarray, second: np.ndarray) -> int:
+    """How many leading samples (all channels) two sounds share."""
+    if first.shape[0] != second.shape[0]:
+        return 0
+    length = min(first.shape[1], second.shape[1])
+    differ = np.flatnonzero((first[:, :length] != second[:, :length]).any(axis=0))
+    return int(differ[0]) if differ.size else length
 
 
 @dataclass(frozen=True)
@@ -534,15 +638,15 @@ def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[s
                        else _add_picture_stream(container, settings))
             voice = None
             if sound is not None:
-                voice = container.add_stream(aac_encoder(), rate=MP4_AUDIO_SAMPLE_RATE_HZ, layout="stereo")
-            sound_written = 0
+                sound_encoder = aac_encoder()
+                track = container.add_stream(sound_encoder, rate=MP4_AUDIO_SAMPLE_RATE_HZ, layout="stereo")
+                earlier = pieces.find_sound(sound, sound_encoder) if pieces is not None else None
+                voice = _SoundTrack(container, track, sound, earlier, sound_encoder)
 
             def after_chunk(written: int) -> None:
-                nonlocal sound_written
                 if voice is not None:
                     # Keep sound and pictures interleaved: write the sound up to the last picture so far.
-                    until = min(sound.shape[1], round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
-                    sound_written = _mux_sound(container, voice, sound, sound_written, until)
+                    voice.write_until(round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
                 if progress is not None:
                     progress(written, max(total, written))
 
@@ -559,9 +663,10 @@ def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[s
         if written == 0:
             raise ValueError("the video has no frames to write")
         if voice is not None:
-            _mux_sound(container, voice, sound, sound_written, sound.shape[1])
-            for packet in voice.encode(None):
-                container.mux(packet)
+            written_sound = voice.finish()
+            if pieces is not None:
+                pieces.keep_sound(written_sound)
+                pieces.sound_packets_copied += voice.copied_count
 
 
 # ---------------------------------------------------------------------- joined clips, piece by piece
@@ -617,7 +722,8 @@ def _copy_pieces(container, picture, sources: list, frame_counts: list[int], rat
 class EncodedPieces:
     """Encoded pictures of in-memory clips (`VideoComponents`), kept while the clips' frames live and at
     most `max_bytes` in all (the oldest go first), so writing a joined clip again encodes only the clips
-    that are new.
+    that are new; and the last `SOUNDS_KEPT` sound tracks written, each with the samples it was made from
+    (compared sample by sample with a new track, so a stored track is never taken for a different sound).
 
     A stored piece equals a fresh encode when: the clip's frames are the same tensor object (held weakly:
     a live object's id is its own), unchanged since (torch's version counter, which every in-place write
@@ -625,12 +731,16 @@ class EncodedPieces:
     same encoder library in this process. Clips of other kinds (files, trims) are encoded every time.
     """
 
+    SOUNDS_KEPT = 4  # sound tracks kept for splicing: the latest few saves
+
     def __init__(self, max_bytes: int = 256 << 20) -> None:
         self.max_bytes = max_bytes
         # id(frames) -> (weak reference to the frames, their version, settings, piece), oldest first. Keyed by
         # id: a tensor's `==` compares elements. The reference's callback forgets the entry with the frames.
         self._pieces: dict[int, tuple[weakref.ref, int, _PictureSettings, bytes]] = {}
-        self.hits = 0
+        self._sounds: list[_EncodedSound] = []  # the latest last
+        self.hits = 0  # pictures of a clip reused
+        self.sound_packets_copied = 0  # sound packets reused
 
     @staticmethod
     def _frames(clip: Video) -> torch.Tensor | None:
@@ -664,6 +774,29 @@ class EncodedPieces:
             if total <= self.max_bytes:
                 break
             total -= len(pieces.pop(old)[3])
+
+    def find_sound(self, sound: np.ndarray, encoder: str) -> "_EncodedSound | None":
+        """The stored sound track sharing the longest beginning with `sound` (compared sample by sample, so
+        a stored track is never stale), or None."""
+        best, best_common = None, 0
+        for stored in self._sounds:
+            common = _common_prefix(stored.samples, sound) if stored.encoder == encoder else 0
+            if common > best_common:
+                best, best_common = stored, common
+        return best
+
+    def keep_sound(self, written: "_EncodedSound") -> None:
+        """Store a sound track as written; the oldest go past `SOUNDS_KEPT` or the byte budget."""
+        if written.nbytes > self.max_bytes:
+            return
+        self._sounds.append(written)
+        while len(self._sounds) > self.SOUNDS_KEPT or sum(s.nbytes for s in self._sounds) > self.max_bytes:
+            self._sounds.pop(0)
+
+    def clear(self) -> None:
+        """Forget every stored piece and sound."""
+        self._pieces.clear()
+        self._sounds.clear()
 
     def __len__(self) -> int:
         return len(self._pieces)

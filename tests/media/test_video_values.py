@@ -78,3 +78,34 @@ def test_a_changed_part_is_encoded_again(tmp_path):
     small = media.EncodedPieces(max_bytes=1)
     media.write_mp4(tmp_path / "c.mp4", media.VideoConcat(clips), pieces=small)
     assert len(small) == 0
+
+
+def _tone_clip(frames: int, level: float, hertz: float) -> media.VideoComponents:
+    samples = int(32000 * frames / 24)
+    tone = (torch.sin(torch.arange(samples) * (2 * torch.pi * hertz / 32000)) * 0.3).expand(1, 2, -1).clone()
+    return media.VideoComponents(images=torch.full((frames, 32, 48, 3), level), audio={"waveform": tone,
+                                 "sample_rate": 32000}, frame_rate=Fraction(24))
+
+
+def test_a_changed_last_part_re_encodes_only_the_end_of_the_sound(tmp_path):
+    clips = [_tone_clip(22, 0.1, 440.0), _tone_clip(17, 0.5, 550.0), _tone_clip(17, 0.9, 660.0)]
+    pieces = media.EncodedPieces()
+    media.write_mp4(tmp_path / "a.mp4", media.VideoConcat(clips), pieces=pieces)
+    assert pieces.sound_packets_copied == 0
+    changed = [*clips[:2], _tone_clip(17, 0.7, 330.0)]
+    media.write_mp4(tmp_path / "spliced.mp4", media.VideoConcat(changed), pieces=pieces)
+    media.write_mp4(tmp_path / "fresh.mp4", media.VideoConcat(changed))
+    # The sound of the first 39 frames (1.625 s, 50 AAC frames) is unchanged: most of it is copied.
+    assert 40 <= pieces.sound_packets_copied <= 50
+    spliced = media.VideoFile(tmp_path / "spliced.mp4").get_components()
+    fresh = media.VideoFile(tmp_path / "fresh.mp4").get_components()
+    assert spliced.audio["waveform"].shape == fresh.audio["waveform"].shape
+    wanted = media.VideoConcat(changed).get_audio()["waveform"][0]
+    span = min(wanted.shape[-1], fresh.audio["waveform"].shape[-1])
+    # As close to the sound as a whole fresh encode: on average, and at the splice point (AAC frames 47-53,
+    # where the fresh encoder takes over) no further off than the whole encode is at its worst moment.
+    errors = [(got.audio["waveform"][0, :, :span] - wanted[:, :span]).abs() for got in (spliced, fresh)]
+    assert errors[0].mean() < 1.5 * errors[1].mean()
+    assert errors[0][:, 46 * 1024:54 * 1024].max() <= errors[1].max()
+    levels = spliced.images.mean(dim=(1, 2, 3))
+    assert torch.allclose(levels[39:], torch.full((17,), 0.7), atol=0.02)
