@@ -617,7 +617,8 @@ def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[s
     """Write `video` to `path` as MP4: H.264 (yuv420p, or yuv420p10le for 10-bit) and AAC stereo at 32 kHz.
 
     Pictures go through `frames_per_chunk` at a time. 4:2:0 chroma needs even sizes, so an odd width
-    or height gains a copy of its last column or row. `progress(done, total)` is called per chunk.
+    or height gains a copy of its last column or row. `progress(done, total)` is called per chunk (per
+    clip for a joined video).
     A joined video (`VideoConcat`) has each clip's pictures encoded on their own (each starts with a key
     frame) and copied into the file one after another, so `pieces` can hand back the clips encoded by an
     earlier write: re-writing a joined clip whose last part changed encodes that part only.
@@ -627,7 +628,12 @@ def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[s
     sound = _mp4_sound(video, total)
     rate = settings.rate
     joined = isinstance(video, VideoConcat) and len(video.clips) > 1
-    encoded = [_encoded_piece(clip, settings, frames_per_chunk, pieces) for clip in video.clips] if joined else []
+    encoded: list[bytes] = []
+    for clip in video.clips if joined else ():
+        encoded.append(_encoded_piece(clip, settings, frames_per_chunk, pieces))
+        if progress is not None:  # a joined clip's work is its parts' encoding: one step per part
+            done = sum(part.get_frame_count() for part in video.clips[:len(encoded)])
+            progress(done, max(total, done))
     with staged_file(path) as staging, \
             av.open(str(staging), mode="w", format="mp4", options={"movflags": "use_metadata_tags"}) as container:
         for key, value in (metadata or {}).items():
@@ -647,7 +653,7 @@ def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[s
                 if voice is not None:
                     # Keep sound and pictures interleaved: write the sound up to the last picture so far.
                     voice.write_until(round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
-                if progress is not None:
+                if progress is not None and not joined:
                     progress(written, max(total, written))
 
             if joined:

@@ -109,3 +109,10 @@ def test_a_changed_last_part_re_encodes_only_the_end_of_the_sound(tmp_path):
     assert errors[0][:, 46 * 1024:54 * 1024].max() <= errors[1].max()
     levels = spliced.images.mean(dim=(1, 2, 3))
     assert torch.allclose(levels[39:], torch.full((17,), 0.7), atol=0.02)
+
+
+def test_a_joined_clip_reports_progress_per_part(tmp_path):
+    steps = []
+    media.write_mp4(tmp_path / "a.mp4", media.VideoConcat([_flat_clip(5, 0.2), _flat_clip(17, 0.6)]),
+                    progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(5, 22), (22, 22)]
