@@ -7,7 +7,8 @@ Cases (`CASES`, run in the order given; each returns its figures and its table r
   segments   workflows/h3_chained_segments.json: a 4-segment clip (segment 1, then a cached List loop
              making segments 2-4, each continuing from the previous one's last 5 frames and 0.21 s of
              sound). Side by side, alternating, in one process with one runtime (models stay loaded):
-               full      the output cache emptied first, so every node of the clip runs;
+               full      the output cache (and the MP4 pieces SaveVideo keeps) emptied first, so every
+                         node of the clip runs and the whole joined clip is encoded;
                last      right after a full run, segment 4's prompt edited (a new text each time), so
                          the loop serves segments 2 and 3 from the cache and re-makes segment 4 only.
              Ratio last / full (goal <= 0.35), on wall time and on process CPU time (the machine is
@@ -19,6 +20,14 @@ Cases (`CASES`, run in the order given; each returns its figures and its table r
              The CPU time of the re-made segment is also broken down by node class: on the tiny models
              the guide's VAE encode and the MP4 writing weigh as much as the sampler, which real weights
              turn around.
+             Peak memory of three runs, each in a fresh process after one unmeasured run of the same kind:
+               full      the 4-segment clip from an empty output cache;
+               last      re-making segment 4 (segments 1-3 held by the cache, counted in the baseline);
+               single    one pass making a clip of the same length (73 frames) with segment 1's nodes.
+             A peak is the resident size's high point during the run, read every millisecond, above what
+             the process held just before it (the freed heap handed back first). The tiny models are
+             small, so these figures are the working memory of the nodes around the models as much as of
+             the models themselves.
 
 A warm-up run (models loaded, first calls made) comes first and is not counted. The table is printed as
 it is measured; the last line printed is one JSON object with every figure.
@@ -26,10 +35,15 @@ it is measured; the last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -59,8 +73,17 @@ class Bench:
         self.paths = Paths(base).ensure()
         configure(self.paths)
         # An LRU cache: the RAM cache would empty itself on a machine with little memory free.
+        self.runtime = Services()
         self.executor = Executor(self.registry, cache=make_cache("lru", lru_size=1000), events=EventBus(),
-                                 paths=self.paths, runtime=Services())
+                                 paths=self.paths, runtime=self.runtime)
+
+    def forget_outputs(self) -> None:
+        """Empty the output cache and the MP4 pieces SaveVideo keeps, as before a first run (models stay)."""
+        from media.video import EncodedPieces
+        from nodes.media import ENCODED_PIECES_KEY
+
+        self.executor.cache.clear()
+        self.runtime.shared(ENCODED_PIECES_KEY, EncodedPieces).clear()
 
     def run(self, prompt: dict) -> tuple[object, float, float]:
         """(result, wall seconds, process CPU seconds) of one run."""
@@ -96,6 +119,81 @@ def segments_prompt(bench: Bench, *, width: int, height: int, steps: int, last_p
     return prompt
 
 
+def single_pass_prompt(bench: Bench, *, width: int, height: int, steps: int) -> dict:
+    """Segment 1's nodes making one clip as long as the joined 4 segments, saved like the joined clip."""
+    prompt = segments_prompt(bench, width=width, height=height, steps=steps, last_prompt=None)
+    empty = next(i for i, n in prompt.items() if n["class_type"] == "EmptyMiniMaxH3LatentAV")
+    joined = next(n for n in prompt.values() if n["class_type"] == "ConcatenateVideo")
+    first_video = joined["inputs"]["videos.video0"][0]  # segment 1's clip
+    save = next(i for i, n in prompt.items() if n["class_type"] == "SaveVideo")
+    keep = _ancestors(prompt, first_video) | {first_video}
+    single = {i: json.loads(json.dumps(prompt[i])) for i in keep}
+    single[empty]["inputs"]["length"] = FIRST_SEGMENT_FRAMES + 3 * NEW_FRAMES_PER_SEGMENT
+    single[save] = {**prompt[save], "inputs": {**prompt[save]["inputs"], "video": [first_video, 0]}}
+    return single
+
+
+def _ancestors(prompt: dict, node_id: str) -> set[str]:
+    """Every node `node_id` reads from, directly or not, itself included."""
+    seen, todo = set(), [node_id]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        todo += [v[0] for v in prompt[current]["inputs"].values() if isinstance(v, list) and len(v) == 2
+                 and isinstance(v[0], str) and v[0] in prompt]
+    return seen
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def peak_here(variant: str, args: argparse.Namespace) -> None:
+    """Print the peak bytes of one measured run of `variant` (full, last, single) above the baseline."""
+    size = {"width": args.width, "height": args.height, "steps": args.steps}
+    with tempfile.TemporaryDirectory(prefix="weft-long-video-peak-") as scratch:
+        bench = Bench(Path(scratch))
+        if variant == "single":
+            make = lambda take: single_pass_prompt(bench, **size)  # noqa: E731
+        else:
+            bench.run(segments_prompt(bench, **size, last_prompt=None))
+            make = (lambda take: segments_prompt(bench, **size, last_prompt=None)) if variant == "full" else \
+                (lambda take: segments_prompt(bench, **size, last_prompt=f"the boat drifts away, take {take}"))
+        if variant != "last":
+            bench.forget_outputs()
+        bench.run(make(0))  # unmeasured: first calls of this kind made
+        if variant != "last":
+            bench.forget_outputs()
+        prompt = make(1)
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        before = _rss_bytes()
+        highest, done = [before], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                highest[0] = max(highest[0], _rss_bytes())
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        bench.run(prompt)
+        done.set()
+        watcher.join()
+    print(json.dumps({"peak_bytes": max(0, highest[0] - before)}))
+
+
+def peak_in_child(variant: str, args: argparse.Namespace) -> float:
+    """MB of one variant's peak, measured in a fresh process."""
+    done = subprocess.run([sys.executable, __file__, "--peak", variant, "--steps", str(args.steps),
+                           "--width", str(args.width), "--height", str(args.height)],
+                          capture_output=True, text=True, check=True)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]) / 2**20
+
+
 def seam_figures(frames) -> dict:
     """Boundary frame differences of a joined clip against the differences inside its segments."""
     steps = (frames[1:] - frames[:-1]).abs().flatten(1).mean(1)  # steps[i]: frame i -> frame i + 1
@@ -118,7 +216,7 @@ def case_segments(bench: Bench, args: argparse.Namespace) -> dict:
           f"{FIRST_SEGMENT_FRAMES + 3 * NEW_FRAMES_PER_SEGMENT} frames")
     print(f"{'rep':>4}  {'run':<6} {'wall s':>8} {'cpu s':>8}  segment samplers run")
     for rep in range(args.reps):
-        bench.executor.cache.clear()
+        bench.forget_outputs()
         result, wall, cpu = bench.run(segments_prompt(bench, **size, last_prompt=None))
         full.append((wall, cpu))
         print(f"{rep:>4}  {'full':<6} {wall:>8.2f} {cpu:>8.2f}  {samplers_run(result)}")
@@ -137,10 +235,17 @@ def case_segments(bench: Bench, args: argparse.Namespace) -> dict:
                "last_cpu_ms_by_class": {k: round(sum(v), 1) for k, v in
                                         sorted(by_class.items(), key=lambda kv: -sum(kv[1])) if sum(v) >= 1}}
     figures["goal_met"] = figures["last_over_full_cpu"] <= 0.35
+    peaks = {variant: peak_in_child(variant, args) for variant in ("full", "last", "single")}
+    figures["peak_mb"] = peaks
+    figures["peak_last_over_full"] = peaks["last"] / peaks["full"] if peaks["full"] else None
+    figures["peak_full_over_single"] = peaks["full"] / peaks["single"] if peaks["single"] else None
     print(f"re-making segment 4 / full run: {figures['last_over_full_wall']:.3f}x wall, "
           f"{figures['last_over_full_cpu']:.3f}x CPU (goal <= 0.35)")
     print("re-making segment 4, CPU ms by node class: " + ", ".join(
         f"{k} {v:.0f}" for k, v in list(figures["last_cpu_ms_by_class"].items())[:6]))
+    print(f"{'peak':<8} {'MB':>8} {'x full':>8}")
+    for variant, mb in peaks.items():
+        print(f"{variant:<8} {mb:>8.1f} {mb / peaks['full'] if peaks['full'] else float('nan'):>8.2f}")
     print(f"seams: mean boundary step {seams['mean_boundary_diff']:.4f} vs mean step inside a segment "
           f"{seams['mean_inside_diff']:.4f} (ratio {seams['boundary_over_inside']:.3f}; largest inside "
           f"{seams['max_inside_diff']:.4f})")
@@ -173,10 +278,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="sampling steps per segment (the workflow's 4)")
     parser.add_argument("--width", type=int, default=96)
     parser.add_argument("--height", type=int, default=64)
+    parser.add_argument("--peak", choices=("full", "last", "single"), help=argparse.SUPPRESS)  # a child's one run
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)  # the machine is shared; one thread keeps the figures comparable
+    if args.peak:
+        peak_here(args.peak, args)
+        return
     figures = {}
     with tempfile.TemporaryDirectory(prefix="weft-long-video-") as scratch:
         bench = Bench(Path(scratch))

@@ -8,14 +8,19 @@ AUDIO and an exact frame rate; `VideoFile` probes a file at once and decodes fra
 
 `write_mp4` stores H.264 picture and AAC stereo sound at 32 kHz, the sound format of the H3 models. It
 converts a few frames at a time straight from the source, so a long clip is never copied whole, and
-the file appears under its name only once it is complete.
+the file appears under its name only once it is complete. A joined video's clips are encoded one by one
+and their packets copied into the file; `EncodedPieces` keeps those pieces for clips still in memory,
+and the last few sound tracks written, so writing the joined clip again after its last part changed
+encodes only that part's pictures and the sound from a little before the first changed sample.
 """
 from __future__ import annotations
 
 import abc
+import io
 import json
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -119,11 +124,12 @@ class Video(abc.ABC):
 
     def save_to(self, path: str | os.PathLike, *, format: str = "auto", codec: str = "auto",
                 metadata: dict[str, Any] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> None:
+                progress: Callable[[int, int], None] | None = None,
+                pieces: "EncodedPieces | None" = None) -> None:
         """Write this video as an MP4 file at `path` (see `write_mp4`)."""
         if format not in VIDEO_FORMATS:
             raise ValueError(f"video format {format!r} cannot be written; the choices are {VIDEO_FORMATS}")
-        write_mp4(Path(path), self, codec=codec, metadata=metadata, progress=progress)
+        write_mp4(Path(path), self, codec=codec, metadata=metadata, progress=progress, pieces=pieces)
 
 
 @dataclass(eq=False)  # compared by identity: `==` on tensors would compare element by element
@@ -435,74 +441,368 @@ def _mp4_sound(video: Video, frame_count: int) -> np.ndarray | None:
     return np.ascontiguousarray(waveform.clamp(-1, 1).cpu().numpy(), dtype=np.float32)
 
 
-def _mux_sound(container, track, sound: np.ndarray, start: int, stop: int) -> int:
-    """Encode samples start..stop of `sound` and return `stop` (where the next call begins)."""
-    if stop <= start:
-        return start
-    block = av.AudioFrame.from_ndarray(np.ascontiguousarray(sound[:, start:stop]), format="fltp", layout="stereo")
-    block.sample_rate = MP4_AUDIO_SAMPLE_RATE_HZ
-    block.pts = start
-    block.time_base = Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
-    for packet in track.encode(block):  # PyAV splits the block into the encoder's own frame size
-        container.mux(packet)
-    return stop
+@dataclass(frozen=True)
+class _SoundPacket:
+    """One encoded AAC frame as it went into a file: its bytes and timing (in `time_base` units)."""
+    data: bytes
+    pts: int
+    dts: int
+    duration: int
+    time_base: Fraction
 
 
-def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[str, Any] | None = None,
-              frames_per_chunk: int = FRAMES_PER_CHUNK, progress: Callable[[int, int], None] | None = None) -> None:
-    """Write `video` to `path` as MP4: H.264 (yuv420p, or yuv420p10le for 10-bit) and AAC stereo at 32 kHz.
+@dataclass
+class _EncodedSound:
+    """A whole sound track as written: the samples the encoder was given and the packets it made."""
+    encoder: str
+    samples: np.ndarray  # (2, S) float32 at 32 kHz
+    packets: list[_SoundPacket]
 
-    Pictures go through `frames_per_chunk` at a time. 4:2:0 chroma needs even sizes, so an odd width
-    or height gains a copy of its last column or row. `progress(done, total)` is called per chunk.
+    @property
+    def nbytes(self) -> int:
+        return self.samples.nbytes + sum(len(packet.data) for packet in self.packets)
+
+
+SOUND_SPLICE_PRIMING_FRAMES = 4  # encoder frames fed, and their packets dropped, before a splice point
+
+
+class _SoundTrack:
+    """Writes a video's sound into its AAC track, interleaved with the pictures by `write_until`.
+
+    Given an earlier encoding of a sound that begins with the same samples, it copies that encoding's
+    packets up to a splice point a little before the first changed sample and encodes only from there:
+    the encoder starts `SOUND_SPLICE_PRIMING_FRAMES` frames before the splice point and its packets
+    before it are dropped, so every packet kept was made from the samples it stands for (an AAC frame
+    sees its own samples and the frame before; the margin also covers the encoder's look-ahead). The
+    encoder's rate control starts anew there, so the few frames after the splice point are coded a little
+    differently from a whole encode: their error stays within what the whole encode makes at its worst
+    moment (tests/media/test_video_values.py).
     """
+
+    def __init__(self, container, track, sound: np.ndarray, earlier: "_EncodedSound | None", encoder: str) -> None:
+        self.container, self.track, self.sound, self.encoder = container, track, sound, encoder
+        self.copied: list[_SoundPacket] = []
+        self.copied_count = 0  # packets taken from the earlier encoding
+        self.splice_pts: int | None = None  # packets of the fresh encode before this are dropped
+        self.fed = 0  # samples handed to the encoder so far
+        self.written: list[_SoundPacket] = []
+        if earlier is not None:
+            self._plan_splice(earlier)
+
+    def _plan_splice(self, earlier: "_EncodedSound") -> None:
+        frame = self.track.codec_context.frame_size or 1024
+        common = _common_prefix(earlier.samples, self.sound)
+        if common == self.sound.shape[1] == earlier.samples.shape[1]:
+            self.copied, self.fed = list(earlier.packets), common  # the same sound: every packet as it was
+            return
+        # Packet k (pts (k - 1) * frame) holds samples up to (k + 1) * frame; one frame more of margin.
+        splice_frame = common // frame - 2
+        if splice_frame <= SOUND_SPLICE_PRIMING_FRAMES:
+            return
+        self.splice_pts = (splice_frame - 1) * frame
+        self.copied = [p for p in earlier.packets if p.time_base == Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
+                       and p.pts < self.splice_pts]
+        if len(self.copied) != splice_frame:  # not the encoding this plan assumes: encode it all
+            self.copied, self.splice_pts = [], None
+            return
+        self.fed = (splice_frame - SOUND_SPLICE_PRIMING_FRAMES) * frame
+
+    def _mux(self, packet: _SoundPacket) -> None:
+        self.written.append(packet)
+        out = av.Packet(packet.data)
+        out.pts, out.dts, out.duration, out.time_base = packet.pts, packet.dts, packet.duration, packet.time_base
+        out.stream = self.track
+        self.container.mux(out)
+
+    def _take(self, packets) -> None:
+        for packet in packets:
+            if packet.pts is None:
+                continue
+            kept = _SoundPacket(bytes(packet), packet.pts, packet.dts, packet.duration, packet.time_base)
+            if self.splice_pts is None or kept.pts >= self.splice_pts:
+                self._mux(kept)
+
+    def write_until(self, stop: int) -> None:
+        """Write the sound up to sample `stop` (copied packets first, then freshly encoded samples)."""
+        while self.copied and self.copied[0].pts < stop:
+            self._mux(self.copied.pop(0))
+            self.copied_count += 1
+        stop = min(stop, self.sound.shape[1])
+        if stop <= self.fed:
+            return
+        block = av.AudioFrame.from_ndarray(np.ascontiguousarray(self.sound[:, self.fed:stop]), format="fltp",
+                                           layout="stereo")
+        block.sample_rate = MP4_AUDIO_SAMPLE_RATE_HZ
+        block.pts = self.fed
+        block.time_base = Fraction(1, MP4_AUDIO_SAMPLE_RATE_HZ)
+        self._take(self.track.encode(block))  # PyAV splits the block into the encoder's own frame size
+        self.fed = stop
+
+    def finish(self) -> _EncodedSound:
+        """Write the rest and flush the encoder; the whole track as written."""
+        self.write_until(self.sound.shape[1])
+        while self.copied:
+            self._mux(self.copied.pop(0))
+            self.copied_count += 1
+        self._take(self.track.encode(None))  # nothing when every packet was copied
+        return _EncodedSound(self.encoder, self.sound, self.written)
+
+
+def _common_prefix(first: np.ndarray, second: np.ndarray) -> int:
+    """How many leading samples (all channels) two sounds share."""
+    if first.shape[0] != second.shape[0]:
+        return 0
+    length = min(first.shape[1], second.shape[1])
+    differ = np.flatnonzero((first[:, :length] != second[:, :length]).any(axis=0))
+    return int(differ[0]) if differ.size else length
+
+
+@dataclass(frozen=True)
+class _PictureSettings:
+    """How pictures are encoded: what a stored piece must have been encoded with to be reused."""
+    encoder: str
+    pix_fmt: str
+    width: int
+    height: int
+    rate: Fraction
+    bit_depth: int
+
+
+def _picture_settings(video: Video, codec: str) -> _PictureSettings:
     if codec not in VIDEO_CODECS:
         raise ValueError(f"video codec {codec!r} cannot be written; the choices are {VIDEO_CODECS}")
-    picture_encoder, sound_encoder = h264_encoder(), aac_encoder()
+    picture_encoder = h264_encoder()
     width, height = video.get_dimensions()
-    rate = video.get_frame_rate()
-    total = video.get_frame_count()
     deep = video.bit_depth > 8
     pix_fmt = "yuv420p10le" if deep else "yuv420p"
     offered = [f.name for f in (av.Codec(picture_encoder, "w").video_formats or [])]
     if offered and pix_fmt not in offered:
         raise ValueError(f"{video.bit_depth}-bit H.264 is written as {pix_fmt}, which encoder {picture_encoder} "
                          f"does not offer (it offers {', '.join(offered)})")
+    return _PictureSettings(picture_encoder, pix_fmt, width, height, Fraction(video.get_frame_rate()), video.bit_depth)
+
+
+def _add_picture_stream(container, settings: _PictureSettings):
+    # Encoders want a time base with a modest denominator; e.g. 24000/1001 fps is kept as 2997/125.
+    picture = container.add_stream(settings.encoder, rate=settings.rate.limit_denominator(1001 * 1000))
+    picture.width, picture.height = settings.width + settings.width % 2, settings.height + settings.height % 2
+    picture.pix_fmt = settings.pix_fmt
+    return picture
+
+
+def _encode_pictures(container, picture, video: Video, settings: _PictureSettings, frames_per_chunk: int,
+                     after_chunk: Callable[[int], None]) -> int:
+    """Encode every frame of `video` into `picture` (not flushed); `after_chunk(frames so far)` per chunk."""
+    packing = "rgb48le" if settings.bit_depth > 8 else "rgb24"
+    width, height = settings.width, settings.height
+    written = 0
+    for chunk in video.iter_frame_chunks(frames_per_chunk):
+        if chunk.shape[1] != height or chunk.shape[2] != width:
+            raise ValueError(f"frame {written} is {chunk.shape[2]}x{chunk.shape[1]} in a video of "
+                             f"{width}x{height}")
+        pixels = _rgb_pixels(chunk, settings.bit_depth, height % 2, width % 2)
+        for offset in range(pixels.shape[0]):
+            frame = av.VideoFrame.from_ndarray(pixels[offset], format=packing)
+            frame.pts = written + offset
+            for packet in picture.encode(frame):
+                container.mux(packet)
+        written += pixels.shape[0]
+        after_chunk(written)
+    return written
+
+
+def write_mp4(path: Path, video: Video, *, codec: str = "auto", metadata: dict[str, Any] | None = None,
+              frames_per_chunk: int = FRAMES_PER_CHUNK, progress: Callable[[int, int], None] | None = None,
+              pieces: "EncodedPieces | None" = None) -> None:
+    """Write `video` to `path` as MP4: H.264 (yuv420p, or yuv420p10le for 10-bit) and AAC stereo at 32 kHz.
+
+    Pictures go through `frames_per_chunk` at a time. 4:2:0 chroma needs even sizes, so an odd width
+    or height gains a copy of its last column or row. `progress(done, total)` is called per chunk (per
+    clip for a joined video).
+    A joined video (`VideoConcat`) has each clip's pictures encoded on their own (each starts with a key
+    frame) and copied into the file one after another, so `pieces` can hand back the clips encoded by an
+    earlier write: re-writing a joined clip whose last part changed encodes that part only.
+    """
+    settings = _picture_settings(video, codec)
+    total = video.get_frame_count()
     sound = _mp4_sound(video, total)
+    rate = settings.rate
+    joined = isinstance(video, VideoConcat) and len(video.clips) > 1
+    encoded: list[bytes] = []
+    for clip in video.clips if joined else ():
+        encoded.append(_encoded_piece(clip, settings, frames_per_chunk, pieces))
+        if progress is not None:  # a joined clip's work is its parts' encoding: one step per part
+            done = sum(part.get_frame_count() for part in video.clips[:len(encoded)])
+            progress(done, max(total, done))
     with staged_file(path) as staging, \
             av.open(str(staging), mode="w", format="mp4", options={"movflags": "use_metadata_tags"}) as container:
         for key, value in (metadata or {}).items():
             container.metadata[str(key)] = json.dumps(value)
-        # Encoders want a time base with a modest denominator; e.g. 24000/1001 fps is kept as 2997/125.
-        picture = container.add_stream(picture_encoder, rate=Fraction(rate).limit_denominator(1001 * 1000))
-        picture.width, picture.height = width + width % 2, height + height % 2
-        picture.pix_fmt = pix_fmt
-        voice = None
-        if sound is not None:
-            voice = container.add_stream(sound_encoder, rate=MP4_AUDIO_SAMPLE_RATE_HZ, layout="stereo")
-        packing = "rgb48le" if deep else "rgb24"
-        written, sound_written = 0, 0
-        for chunk in video.iter_frame_chunks(frames_per_chunk):
-            if chunk.shape[1] != height or chunk.shape[2] != width:
-                raise ValueError(f"frame {written} is {chunk.shape[2]}x{chunk.shape[1]} in a video of "
-                                 f"{width}x{height}")
-            pixels = _rgb_pixels(chunk, video.bit_depth, height % 2, width % 2)
-            for offset in range(pixels.shape[0]):
-                frame = av.VideoFrame.from_ndarray(pixels[offset], format=packing)
-                frame.pts = written + offset
-                for packet in picture.encode(frame):
+        sources = [av.open(io.BytesIO(piece), mode="r") for piece in encoded]
+        try:
+            picture = (container.add_stream_from_template(sources[0].streams.video[0]) if joined
+                       else _add_picture_stream(container, settings))
+            voice = None
+            if sound is not None:
+                sound_encoder = aac_encoder()
+                track = container.add_stream(sound_encoder, rate=MP4_AUDIO_SAMPLE_RATE_HZ, layout="stereo")
+                earlier = pieces.find_sound(sound, sound_encoder) if pieces is not None else None
+                voice = _SoundTrack(container, track, sound, earlier, sound_encoder)
+
+            def after_chunk(written: int) -> None:
+                if voice is not None:
+                    # Keep sound and pictures interleaved: write the sound up to the last picture so far.
+                    voice.write_until(round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
+                if progress is not None and not joined:
+                    progress(written, max(total, written))
+
+            if joined:
+                written = _copy_pieces(container, picture, sources, [clip.get_frame_count() for clip in video.clips],
+                                       rate, after_chunk)
+            else:
+                written = _encode_pictures(container, picture, video, settings, frames_per_chunk, after_chunk)
+                for packet in picture.encode(None):
                     container.mux(packet)
-            written += pixels.shape[0]
-            if voice is not None:
-                # Keep sound and pictures interleaved: write the sound up to the last picture so far.
-                until = min(sound.shape[1], round(written / float(rate) * MP4_AUDIO_SAMPLE_RATE_HZ))
-                sound_written = _mux_sound(container, voice, sound, sound_written, until)
-            if progress is not None:
-                progress(written, max(total, written))
+        finally:
+            for source in sources:
+                source.close()
         if written == 0:
             raise ValueError("the video has no frames to write")
+        if voice is not None:
+            written_sound = voice.finish()
+            if pieces is not None:
+                pieces.keep_sound(written_sound)
+                pieces.sound_packets_copied += voice.copied_count
+
+
+# ---------------------------------------------------------------------- joined clips, piece by piece
+def _encode_piece(clip: Video, settings: _PictureSettings, frames_per_chunk: int) -> bytes:
+    """One clip's pictures alone, as an in-memory MP4 (H.264 only, starting with a key frame)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        picture = _add_picture_stream(container, settings)
+        _encode_pictures(container, picture, clip, settings, frames_per_chunk, lambda written: None)
         for packet in picture.encode(None):
             container.mux(packet)
-        if voice is not None:
-            _mux_sound(container, voice, sound, sound_written, sound.shape[1])
-            for packet in voice.encode(None):
-                container.mux(packet)
+    return buffer.getvalue()
+
+
+def _encoded_piece(clip: Video, settings: _PictureSettings, frames_per_chunk: int,
+                   pieces: "EncodedPieces | None") -> bytes:
+    found = pieces.find(clip, settings) if pieces is not None else None
+    if found is None:
+        found = _encode_piece(clip, settings, frames_per_chunk)
+        if pieces is not None:
+            pieces.keep(clip, settings, found)
+    return found
+
+
+def _copy_pieces(container, picture, sources: list, frame_counts: list[int], rate: Fraction,
+                 after_chunk: Callable[[int], None]) -> int:
+    """Copy the pieces' H.264 packets into `picture` one after another, each shifted to start where the
+    frames before it end; the frames written."""
+    first = sources[0].streams.video[0].codec_context.extradata
+    written = 0
+    for number, (source, count) in enumerate(zip(sources, frame_counts), start=1):
+        stream = source.streams.video[0]
+        if stream.codec_context.extradata != first:
+            # One file holds one set of H.264 parameters: pieces encoded alike always share it.
+            raise ValueError(f"clip {number} was encoded with other H.264 parameters than clip 1; "
+                             "the joined clip cannot be written from its parts")
+        shift = Fraction(written) / rate / stream.time_base
+        if shift.denominator != 1:
+            raise ValueError(f"clip {number} starts at frame {written}, which falls between two ticks of "
+                             f"the file's time base {stream.time_base}")
+        for packet in source.demux(stream):
+            if packet.dts is None:  # the demuxer's end-of-stream marker
+                continue
+            packet.pts += int(shift)
+            packet.dts += int(shift)
+            packet.stream = picture
+            container.mux(packet)
+        written += count
+        after_chunk(written)
+    return written
+
+
+class EncodedPieces:
+    """Encoded pictures of in-memory clips (`VideoComponents`), kept while the clips' frames live and at
+    most `max_bytes` in all (the oldest go first), so writing a joined clip again encodes only the clips
+    that are new; and the last `SOUNDS_KEPT` sound tracks written, each with the samples it was made from
+    (compared sample by sample with a new track, so a stored track is never taken for a different sound).
+
+    A stored piece equals a fresh encode when: the clip's frames are the same tensor object (held weakly:
+    a live object's id is its own), unchanged since (torch's version counter, which every in-place write
+    bumps), written with the same settings (encoder, pixel format, size, frame rate, bit depth) by the
+    same encoder library in this process. Clips of other kinds (files, trims) are encoded every time.
+    """
+
+    SOUNDS_KEPT = 4  # sound tracks kept for splicing: the latest few saves
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes
+        # id(frames) -> (weak reference to the frames, their version, settings, piece), oldest first. Keyed by
+        # id: a tensor's `==` compares elements. The reference's callback forgets the entry with the frames.
+        self._pieces: dict[int, tuple[weakref.ref, int, _PictureSettings, bytes]] = {}
+        self._sounds: list[_EncodedSound] = []  # the latest last
+        self.hits = 0  # pictures of a clip reused
+        self.sound_packets_copied = 0  # sound packets reused
+
+    @staticmethod
+    def _frames(clip: Video) -> torch.Tensor | None:
+        return clip.images if isinstance(clip, VideoComponents) else None
+
+    def find(self, clip: Video, settings: _PictureSettings) -> bytes | None:
+        """The clip's stored piece when it still equals a fresh encode, else None."""
+        frames = self._frames(clip)
+        found = self._pieces.get(id(frames)) if frames is not None else None
+        if found is None or found[0]() is not frames or found[1] != frames._version or found[2] != settings:
+            return None
+        self.hits += 1
+        return found[3]
+
+    def keep(self, clip: Video, settings: _PictureSettings, data: bytes) -> None:
+        """Store a clip's piece (nothing for clips that are not in memory, or larger than the whole store)."""
+        frames = self._frames(clip)
+        if frames is None or len(data) > self.max_bytes:
+            return
+        key = id(frames)
+        pieces = self._pieces
+
+        def forget(ref: weakref.ref) -> None:
+            if key in pieces and pieces[key][0] is ref:
+                del pieces[key]
+
+        pieces.pop(key, None)
+        pieces[key] = (weakref.ref(frames, forget), frames._version, settings, data)
+        total = sum(len(entry[3]) for entry in pieces.values())
+        for old in list(pieces):  # insertion order: the oldest first
+            if total <= self.max_bytes:
+                break
+            total -= len(pieces.pop(old)[3])
+
+    def find_sound(self, sound: np.ndarray, encoder: str) -> "_EncodedSound | None":
+        """The stored sound track sharing the longest beginning with `sound` (compared sample by sample, so
+        a stored track is never stale), or None."""
+        best, best_common = None, 0
+        for stored in self._sounds:
+            common = _common_prefix(stored.samples, sound) if stored.encoder == encoder else 0
+            if common > best_common:
+                best, best_common = stored, common
+        return best
+
+    def keep_sound(self, written: "_EncodedSound") -> None:
+        """Store a sound track as written; the oldest go past `SOUNDS_KEPT` or the byte budget."""
+        if written.nbytes > self.max_bytes:
+            return
+        self._sounds.append(written)
+        while len(self._sounds) > self.SOUNDS_KEPT or sum(s.nbytes for s in self._sounds) > self.max_bytes:
+            self._sounds.pop(0)
+
+    def clear(self) -> None:
+        """Forget every stored piece and sound."""
+        self._pieces.clear()
+        self._sounds.clear()
+
+    def __len__(self) -> int:
+        return len(self._pieces)

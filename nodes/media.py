@@ -15,13 +15,15 @@ from execution.context import current
 from media.audio import LOSSY_FORMATS, check_audio, decode_audio, write_flac, write_lossy
 from media.image import check_image
 from media.video import (
-    AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, Video, VideoComponents, VideoConcat, VideoFile,
-    VideoTrim, as_frame_rate, check_video,
+    AUDIO_EXTENSIONS, VIDEO_CODECS, VIDEO_EXTENSIONS, VIDEO_FORMATS, EncodedPieces, Video, VideoComponents, VideoConcat,
+    VideoFile, VideoTrim, as_frame_rate, check_video,
 )
 from execution.types import AUDIO_HEALTH_KEY
 from nodes.audio_health import checked_clips, checked_video_sound
 from nodes.files import file_metadata, output_target, temp_prefix
 from nodes.spec import Input, NodeOutput, NodeSpec, Output
+
+ENCODED_PIECES_KEY = "mp4_encoded_pieces"  # the runtime's store of encoded clip pictures (media.video.EncodedPieces)
 
 
 def _as_list(value: Any) -> list:
@@ -56,8 +58,10 @@ def _save_video(video: Video, filename_prefix: str, format: str, codec: str,
     width, height = video.get_dimensions()
     path, filename, subfolder = output_target("output", filename_prefix, "mp4", width=width, height=height)
     try:
+        # A joined clip's parts encoded by an earlier save are reused (the runtime's store; see EncodedPieces).
         video.save_to(path, format=format, codec=codec, metadata=file_metadata(prompt, extra_pnginfo),
-                      progress=lambda done, total: ctx.progress(done, total))
+                      progress=lambda done, total: ctx.progress(done, total),
+                      pieces=ctx.runtime.shared(ENCODED_PIECES_KEY, EncodedPieces))
     except ValueError as exc:
         raise ValueError(f"SaveVideo: {exc}") from None
     written = {"filename": filename, "subfolder": subfolder, "type": "output"}

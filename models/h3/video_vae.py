@@ -3,7 +3,9 @@
 Encoder: clips of 17 frames, each padded at its end with its last frame, give 5 latents each (the clip's
 first frame, then one latent per 4 frames); the last 3 latents of the whole sequence are dropped, so
 17n+5 frames give 5n+2 latents. Every convolution pads with zeros only in front in time and by
-reflection in space, and GroupNorm statistics are per frame, so latent 0 depends only on frame 0.
+reflection in space, and GroupNorm statistics are per frame, so latent 0 depends only on frame 0; the
+last clip is therefore encoded only through its 5th frame (the 2 latents it keeps), which gives what the
+whole padded clip would, up to float rounding, at 5/17 of the cost (a 5-frame guide is one such clip).
 
 Decoder: a ViT over latent tokens (each token -> 4 frames x 16 x 16 pixels) that decodes in overlapping
 temporal chunks of 7 tokens (a 17-frame clip plus the 2 tokens that start the next one, whose 5 frames
@@ -394,19 +396,31 @@ class VideoVAE(nn.Module):
             else:
                 clips = []
                 starts = range(0, frames, cfg.clip_frames)
+                tail = self._tail_frames()
                 for start in starts:
-                    clip = x[:, :, start:start + cfg.clip_frames]
-                    if clip.shape[2] < cfg.clip_frames:
+                    last = start == starts[-1]
+                    # The last clip's dropped latents are never computed: the encoder is causal, so its kept
+                    # latents come from its first `tail` frames alone, whatever follows them.
+                    length = tail if last and tail else cfg.clip_frames
+                    clip = x[:, :, start:start + length]
+                    if clip.shape[2] < length:
                         # The last clip is completed by repeating its last frame.
-                        clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, cfg.clip_frames - clip.shape[2], -1, -1)], 2)
+                        clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, length - clip.shape[2], -1, -1)], 2)
                     clips.append(self._encode_tiled(clip))
                     if progress is not None:
                         progress(len(clips), len(starts))
                 moments = torch.cat(clips, dim=2)
-                if cfg.dropped_latents:
+                if cfg.dropped_latents and not tail:
                     moments = moments[:, :, :-cfg.dropped_latents]
             mean = moments[:, :cfg.latent_channels].float()
             return (mean - stats["latents_mean"].view(1, -1, 1, 1, 1)) / stats["latents_std"].view(1, -1, 1, 1, 1)
+
+    def _tail_frames(self) -> int:
+        """Frames of the last clip its kept latents depend on (5 of 17: latents 0 and 1 of 5, the other 3
+        dropped); 0 when the last clip keeps none, and is then encoded whole before the drop."""
+        cfg = self.config
+        kept = 1 + (cfg.clip_frames - 1) // cfg.time_ratio - cfg.dropped_latents   # latent 0, then one per 4 frames
+        return 1 + (kept - 1) * cfg.time_ratio if kept > 0 else 0
 
     def _encode_moments(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.quant_conv.weight.dtype

@@ -119,3 +119,55 @@ def test_a_latent_file_with_damaged_fields_is_refused(h3):  # noqa: F811
               metadata={"latent_fields": "[1, 2"})
     node, message = h3.run_error(load_prompt("odd.latent"))
     assert node == "LoadLatent" and "odd.latent" in message and "metadata" in message
+
+
+def _ksampler(latent: list, *, add_noise: str, start: int, end: int, leftover: str) -> dict:
+    return {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ["unet", 0], "add_noise": add_noise, "noise_seed": 11, "steps": 4, "cfg": 1.0, "sampler_name": "euler",
+        "scheduler": "simple", "positive": ["text", 0], "negative": ["text", 0], "latent_image": latent,
+        "start_at_step": start, "end_at_step": end, "return_with_leftover_noise": leftover}}
+
+
+def test_a_latent_saved_part_way_through_the_schedule_is_finished_by_another_run(
+        registry, tmp_path, tmp_path_factory, configured_paths):  # noqa: F811
+    weights = tiny_weights(tmp_path_factory)
+    install(weights, tmp_path / "one")
+    first = H3Env(registry, tmp_path / "one")
+    configured_paths(first.paths)
+    base = t2va_prompt(save_video=False, length=22)
+    prompt = {node: base[node] for node in ("unet", "clip", "text", "empty")}
+    prompt.update({
+        # Frames 5-14 generated, the rest kept: the file must carry the noise masks for run 2 to keep them too.
+        "ranges": {"class_type": "MiniMaxH3FrameRangeMasks", "inputs": {"samples": ["empty", 0], "start_frame": 5,
+                                                                        "frame_count": 10}},
+        "masked": {"class_type": "MiniMaxH3SetLatentNoiseMasks", "inputs": {
+            "samples": ["empty", 0], "video_mask": ["ranges", 0], "audio_mask": ["ranges", 1]}},
+        # Steps 0-1 of 4, keeping the noise that is left, saved; and, for reference, all 4 steps in one go.
+        "half": _ksampler(["masked", 0], add_noise="enable", start=0, end=2, leftover="enable"),
+        "save": {"class_type": "SaveLatent", "inputs": {"samples": ["half", 0], "filename_prefix": "part/half"}},
+        "whole": _ksampler(["masked", 0], add_noise="enable", start=0, end=10000, leftover="disable"),
+        "probe_whole": {"class_type": "TestOutput", "inputs": {"value": ["whole", 0]}},
+    })
+    made = first.run(prompt)
+
+    # Another run with its own executor, cache, models and folders finishes steps 2-3 from the file.
+    install(weights, tmp_path / "two")
+    second = H3Env(registry, tmp_path / "two")
+    configured_paths(second.paths)
+    shutil.copyfile(first.output_file(made, "save", "latents"), second.paths.input / "half.latent")
+    rest = {node: base[node] for node in ("unet", "clip", "text")}
+    rest.update({
+        "load": {"class_type": "LoadLatent", "inputs": {"latent": "half.latent"}},
+        "rest": _ksampler(["load", 0], add_noise="disable", start=2, end=10000, leftover="disable"),
+        "probe_rest": {"class_type": "TestOutput", "inputs": {"value": ["rest", 0]}},
+    })
+    finished = second.run(rest).outputs["probe_rest"]["values"][0]
+    whole = made.outputs["probe_whole"]["values"][0]
+    assert finished["samples"].shape == whole["samples"].shape == (1, 24, 7, 2, 2)
+    # Bit for bit: the same float32 steps run on the same values, split across two runs by a file.
+    for key in ("samples", "audio_samples"):
+        assert torch.equal(finished[key], whole[key]), key
+    assert finished["frame_rate"] == whole["frame_rate"] and finished["length"] == whole["length"] == 22
+    assert torch.equal(finished["noise_mask"], whole["noise_mask"])
+    # Latent frame 0 (pixel frame 0) was kept, so it is still the empty latent's zeros; frame 3 (9-12) was made.
+    assert not finished["samples"][:, :, 0].any() and finished["samples"][:, :, 3].abs().sum() > 0

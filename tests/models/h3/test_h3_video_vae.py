@@ -35,6 +35,27 @@ def test_encoder_is_causal(vae):
     assert not torch.allclose(vae.encode(first)[:, :, 0], base[:, :, 0])
 
 
+@pytest.mark.parametrize("count", [5, 3, 22, 30])
+def test_last_clip_encodes_only_the_frames_its_kept_latents_see(vae, count):
+    # Reference: every clip padded to 17 frames with its last frame and encoded whole, the last 3 latents
+    # of the sequence dropped. encode() stops the last clip at its 5th frame (causal: the kept latents 0
+    # and 1 see frames 0..4 only); a different convolution length may round differently in float32.
+    frames = _frames(count)
+    stats = {k: getattr(vae, k) for k in ("pixel_mean", "pixel_std", "latents_mean", "latents_std")}
+    x = ((frames.permute(3, 0, 1, 2)[None] - stats["pixel_mean"]) / stats["pixel_std"])  # (1, 3, T, H, W)
+    clips = []
+    for start in range(0, count, 17):
+        clip = x[:, :, start:start + 17]
+        clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, 17 - clip.shape[2], -1, -1)], 2)
+        with torch.no_grad():
+            clips.append(vae.quant_conv(vae.encoder(clip)))
+    mean = torch.cat(clips, 2)[:, :24, :-3]
+    reference = (mean - stats["latents_mean"].view(1, -1, 1, 1, 1)) / stats["latents_std"].view(1, -1, 1, 1, 1)
+    encoded = vae.encode(frames)
+    assert encoded.shape == reference.shape
+    torch.testing.assert_close(encoded, reference, rtol=1e-5, atol=1e-5)
+
+
 def test_encode_single_image_and_refusals(vae):
     assert vae.encode(_frames(1)).shape == (1, 24, 1, 2, 2)
     with pytest.raises(ValueError, match="multiples of 16"):
