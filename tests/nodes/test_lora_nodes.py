@@ -92,6 +92,13 @@ def test_lora_loader_reports_each_component_and_a_model_only_load_names_what_it_
         "text encoder: 1 entries not applied (this node loads the model only)"]
     notes = result.profile["both"]["notes"]["adapters"]
     assert [n["component"] for n in notes] == ["DiT", "text encoder"] and notes[1]["applied"] == 0
+    # The same prompt again: the loaders are served from the output cache, and their rows keep what bound.
+    for probe_id in ("p_both", "p_only"):  # a new label, so the probes run and ask for the loaders' values
+        prompt[probe_id]["inputs"]["label"] = "again"
+    again = h3.run(prompt)
+    for node_id in ("both", "model_only"):
+        assert again.profile[node_id]["cached"] is True
+        assert again.profile[node_id]["notes"] == result.profile[node_id]["notes"]
 
 
 def test_a_file_of_which_nothing_applies_is_an_error_naming_the_input(h3):
