@@ -3,6 +3,8 @@ product and equal dequantize-then-add to float32 rounding, stacked and at any st
 rebuilt; the bypass mode does the same on float Linears; DoRA keeps the dequantizing route."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,3 +211,50 @@ def test_dora_entries_keep_the_dequantizing_route_on_their_layer(monkeypatch):
     x = rand(3, WIDTH, seed=4)
     with torch.no_grad():
         _close(handle(x), _reference(handle, x))
+
+
+def _held_tensor_bytes() -> int:
+    """Bytes of the CPU tensor storages that objects made since `gc.freeze()` hold, each storage counted once."""
+    gc.collect()
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():  # the frozen objects (everything older than the test) are not listed
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_the_side_path_holds_no_more_than_the_base_and_the_adapter_file(tmp_path, monkeypatch):
+    """Resident bytes after side-path steps stay within 1.05x the base's plus the adapter file's: no copy of the
+    factors in the compute dtype, no per-layer buffer outlives a product (bench/adapters.py measures the RSS)."""
+    from safetensors.torch import save_file
+
+    from models.adapters import load_adapter
+
+    monkeypatch.setenv("WEFT_KERNEL_BACKEND", "quantized_linear:eager")  # no compiling of the int8 product
+    width, rank = 128, 8
+    x = rand(16, width, seed=3)
+    with torch.no_grad():
+        _quantized(WeightFormat.INT8, 16, width, width, seed=0)(x)  # the product's imports, before counting
+    gc.freeze()
+    try:
+        model = nn.Sequential(*[_quantized(WeightFormat.INT8, 16, width, width, seed=10 + i) for i in range(3)]).eval()
+        base_bytes = _held_tensor_bytes()
+        tensors = {}
+        for i in range(3):  # a bf16 LoRA on every layer, as the released turbo LoRAs are stored
+            tensors[f"lora_unet_{i}.lora_down.weight"] = rand(rank, width, seed=20 + i).bfloat16()
+            tensors[f"lora_unet_{i}.lora_up.weight"] = (0.1 * rand(width, rank, seed=30 + i)).bfloat16()
+        path = tmp_path / "lora_bf16.safetensors"
+        save_file(tensors, str(path))
+        del tensors
+        handle = ModelHandle(model, name="int8").with_adapter(load_adapter(path), 1.0)
+        assert len(handle.side_map) == 3 and not handle.patch_map
+        with torch.no_grad():
+            for _ in range(2):
+                out = handle(x)
+            assert (out - model(x)).abs().max() > 1e-3  # the adapter ran
+        del out
+        held = _held_tensor_bytes()
+    finally:
+        gc.unfreeze()
+    assert held <= 1.05 * (base_bytes + path.stat().st_size), (held, base_bytes, path.stat().st_size)
