@@ -21,11 +21,14 @@ computes y = W h + sum_i s_i * delta_i h, each delta through its factors (B(A h)
 Kronecker or Hadamard forms for LoKr and LoHa; `WeightPatch.add_side`), so W is never rebuilt.
 A handle sends a Linear weight's patches there (its side map, `{id(module): [(patch, strength),
 ...]}`, active beside the patch map) when every patch of that weight is an additive matrix delta
-(no DoRA) and
+(no DoRA; on a table, one on the whole table) and
   - the layer is quantized (ops.QuantizedLinear), whatever the adapter's mode: its product stays
     the quantized one, where the take-time path dequantized W, added the deltas and ran a float
     product every op; or
   - the adapter was stacked in `AdapterMode.BYPASS` (the LoraLoaderBypass nodes), on any Linear.
+A quantized embedding table (ops.QuantizedEmbedding) has a side path of its own: the looked-up rows,
+dequantized alone, get the same rows of each delta through its factors (`WeightPatch.add_side_rows`:
+up[ids] @ down for a LoRA), so a LoRA on a token table never dequantizes the table.
 A float Linear's patches from the ordinary loaders stay take-time patches, the faster route there:
 with a memory manager holding the patched copy resident they cost nothing per step after the
 first (measured 0.96x the base step, against 1.14x for the side path and 1.15x for a patch rebuilt
@@ -318,9 +321,11 @@ class ModelHandle:
         for module_name, params in routed.items():
             module = self.model.get_submodule(module_name)
             key = id(module)
+            reads_rows = getattr(module, "side_path_reads_rows", False)  # a table lookup, not a product
             for param_name, entries in params.items():
                 beside_ok = (param_name == "weight" and getattr(module, "runs_adapter_side_path", False)
-                             and all(patch.runs_beside for patch, _s, _m in entries))
+                             and all(patch.runs_beside_rows if reads_rows else patch.runs_beside
+                                     for patch, _s, _m in entries))
                 quantized = getattr(module, "holds_quantized_weights", False)
                 for patch, strength, mode in entries:
                     if beside_ok and (quantized or mode is AdapterMode.BYPASS):
