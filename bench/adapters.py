@@ -20,7 +20,7 @@ bf16 (as the released turbo LoRAs are). One step each, side by side in every rou
   merged        the LoRA merged once (dequantize, add, requantize): the base's step, and the
                 requantization error it adds, reported
 and the resident bytes of the side path (process RSS growth, freed memory handed back first) against
-the base's plus the adapter file's. On float layers, the side path is measured against the take-time
+the base's plus the adapter file's (the base's figure includes MKL's GEMM buffers: `warm_float_products`). On float layers, the side path is measured against the take-time
 patch held resident by a memory manager (what LoraLoader uses there) and rebuilt per take.
 Run: .venv/bin/python bench/adapters.py   (last line: JSON with the figures; --side-only for the int8 part)
 """
@@ -155,6 +155,22 @@ def resident_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def warm_float_products(model: nn.Module, tokens: int, rank: int) -> None:
+    """Run, once, float products of the shapes a rank-`rank` side step multiplies (h A^T, then (h A^T) B^T).
+
+    MKL keeps per-thread GEMM buffers from a process's first float products on (about 6 MB here), whatever
+    the sizes of the weights. Every H3 job has run float products before its DiT steps (the text encoder,
+    the VAEs), so they belong to the base's figure; without this the int8 base step, which runs none,
+    would leave them to be counted against the adapter.
+    """
+    widths = {(layer.in_features, layer.out_features) for layer in model.modules()
+              if isinstance(layer, (ops.Linear, ops.QuantizedLinear))}
+    with torch.inference_mode():
+        for in_features, out_features in sorted(widths):
+            middle = F.linear(torch.randn(tokens, in_features), torch.randn(rank, in_features))
+            F.linear(middle, torch.randn(out_features, rank))
+
+
 def quantize_linears(model: nn.Module) -> int:
     """Replace every ops.Linear of `model` by an int8-convrot QuantizedLinear of its weight; returns stored bytes."""
     stored_bytes = 0
@@ -204,6 +220,7 @@ def side_path_section(folder: str) -> dict:
               torch.randn(1, T_EMBED, generator=gen))
     base = ModelHandle(model, name="h3-shaped-int8")
     step(base, inputs)  # warm-up (and any compiling of the int8 product's stages)
+    warm_float_products(model, SIDE_TOKENS, SIDE_RANK)
     base_resident = resident_bytes() - before
     path = os.path.join(folder, "lora_r64_bf16.safetensors")
     write_lora_bf16(model, path, SIDE_RANK)

@@ -31,11 +31,13 @@ _fresh = itertools.count()
 
 @dataclass(slots=True)
 class CachedResult:
-    """What a node produced: per-output value lists and its UI dict."""
+    """What a node produced: per-output value lists, its UI dict and its profile notes (RunContext.note_profile),
+    so a run served from the cache shows the same notes on its profile row as the run that made it."""
 
     outputs: list[list[Any]]
     ui: dict | None
     size_bytes: int = 0
+    notes: dict[str, list] | None = None
 
 
 def _const_repr(value: Any) -> str:

@@ -99,10 +99,13 @@ class Profiler:
         self.executed = executed
         self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    def served(self, node: PromptNode) -> None:
-        """`node` came from the cache (an editor node gets a row; copies do not)."""
+    def served(self, node: PromptNode, notes: dict[str, list] | None = None) -> None:
+        """`node` came from the cache (an editor node gets a row, with the `notes` of the run that made the
+        value; copies do not)."""
         if node.parent is None:
-            self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
+            index = self.rows.add(node.id, node.class_type, node.display_id, True, 0.0, 0.0, 0, 0, 0)
+            if notes:
+                self.rows.note(index, notes)
 
     def ran(self, node: PromptNode, calls: int, wall0: float, cpu0: float,
             counts: dict[str, float] | None = None, notes: dict[str, list] | None = None) -> None:

@@ -216,13 +216,15 @@ class Readiness:
         slot.phase = RUNNING
         return slot
 
-    def complete(self, slot: Slot, outputs: list[list[Any]], ui: dict | None) -> None:
-        """`slot` produced `outputs`: store them (unless salted), drop its inputs, wake its waiters."""
+    def complete(self, slot: Slot, outputs: list[list[Any]], ui: dict | None,
+                 notes: dict[str, list] | None = None) -> None:
+        """`slot` produced `outputs` (and `ui`, and profile `notes`): store them (unless salted), drop its inputs,
+        wake its waiters."""
         # Held (and cached) as tuples: a one-item tuple is half the memory of a one-item list, and
         # a large prompt holds one per node output. Input-is-list nodes still receive lists.
         values = slot.values = tuple(map(tuple, outputs))
         if slot.node.salt is None:  # a salted node (a copy that opted out of caching) is never reused
-            self.cache.put(slot.signature, CachedResult(values, ui))
+            self.cache.put(slot.signature, CachedResult(values, ui, notes=notes))
         self.consumed(slot)
         self.finish(slot)
 

@@ -318,7 +318,7 @@ class _Job:
         if called.expansions:
             self.expansion.expand(slot, called.outputs, called.expansions)
         else:
-            self.readiness.complete(slot, called.outputs, called.ui)
+            self.readiness.complete(slot, called.outputs, called.ui, called.notes)
             if self.bus.active:
                 self.progress.finished(node)
 
@@ -332,7 +332,7 @@ class _Job:
     def _served(self, slot: Slot, hit: CachedResult) -> None:
         node = slot.node
         self.result.cached.append(node.id)
-        self.profiler.served(node)
+        self.profiler.served(node, hit.notes)
         if hit.ui:
             self._record_ui(node, hit.ui)
         if node.id in self.roots and self.bus.active:

@@ -263,7 +263,14 @@ class QuantizedLinear(QuantizedLayer):
 
 
 class QuantizedEmbedding(QuantizedLayer):
-    """An Embedding whose table stays quantized (int8_tensorwise or float8); only looked-up rows are dequantized."""
+    """An Embedding whose table stays quantized (int8_tensorwise or float8); only looked-up rows are dequantized.
+
+    Adapter patches on the table run on its side path (models/patcher.py): the looked-up rows get the same
+    rows of each delta, computed from the adapter's factors. Patches that cannot (DoRA) dequantize the table.
+    """
+
+    runs_adapter_side_path = True  # read by models/patcher.py when it routes an adapter's patches
+    side_path_reads_rows = True  # its side path adds delta rows (WeightPatch.add_side_rows), not a product
 
     def __init__(self, num_embeddings: int, embedding_dim: int, quant: LayerQuant, *,
                  tensor_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], padding_idx: int | None = None,
@@ -278,4 +285,11 @@ class QuantizedEmbedding(QuantizedLayer):
             if patch_signature(self, "weight"):
                 table = apply_patches(self, "weight", weight.dequantize(torch.float32), inplace=True)
                 return F.embedding(ids, table.to(dtype), self.padding_idx)
-            return self.stored_format.embedding(ids, weight, dtype)  # (*ids.shape, embedding_dim)
+            beside = side_entries(self)
+            if not beside:
+                return self.stored_format.embedding(ids, weight, dtype)  # (*ids.shape, embedding_dim)
+            # The rows and the deltas' rows summed in float32 and rounded once, as the take-time path rounds.
+            rows = self.stored_format.embedding(ids, weight, torch.float32)
+            for patch, strength in beside:
+                patch.add_side_rows(rows, ids, strength)
+            return rows.to(dtype)

@@ -8,7 +8,10 @@ on it. `handle.with_adapter(adapter, strength)` returns a new handle sharing the
 base is never written. A handle runs its patches either on the fly (`with handle.active():` around
 the forward; every weight taken through the memory manager gets `base + deltas`) or merged
 (`handle.merged()`: the patched modules become private copies holding `base + deltas`, everything
-else is shared). Both add the same deltas in the same order in float32, so they agree.
+else is shared). Both add the same deltas in the same order in float32, so they agree. A handle's
+first `merged_count` adapters are folded into the module it runs (0: it runs the base); adapters
+stacked on a merged handle run on the fly on top of its merged copies, and merging such a handle
+again rebuilds every merged weight from the base, so roundings never compound.
 
 A patch map is `{id(module): {param_name: [(patch, strength), ...]}}`, where `patch` is a
 `WeightPatch` (see models/adapters/base.py) or any callable `(shape, dtype, device) -> delta`.
@@ -18,11 +21,14 @@ computes y = W h + sum_i s_i * delta_i h, each delta through its factors (B(A h)
 Kronecker or Hadamard forms for LoKr and LoHa; `WeightPatch.add_side`), so W is never rebuilt.
 A handle sends a Linear weight's patches there (its side map, `{id(module): [(patch, strength),
 ...]}`, active beside the patch map) when every patch of that weight is an additive matrix delta
-(no DoRA) and
+(no DoRA; on a table, one on the whole table) and
   - the layer is quantized (ops.QuantizedLinear), whatever the adapter's mode: its product stays
     the quantized one, where the take-time path dequantized W, added the deltas and ran a float
     product every op; or
   - the adapter was stacked in `AdapterMode.BYPASS` (the LoraLoaderBypass nodes), on any Linear.
+A quantized embedding table (ops.QuantizedEmbedding) has a side path of its own: the looked-up rows,
+dequantized alone, get the same rows of each delta through its factors (`WeightPatch.add_side_rows`:
+up[ids] @ down for a LoRA), so a LoRA on a token table never dequantizes the table.
 A float Linear's patches from the ordinary loaders stay take-time patches, the faster route there:
 with a memory manager holding the patched copy resident they cost nothing per step after the
 first (measured 0.96x the base step, against 1.14x for the side path and 1.15x for a patch rebuilt
@@ -226,41 +232,100 @@ class Binding:
                 f"({self.projected} projected), {self.beside} on the side path")
 
 
+@dataclass(frozen=True)
+class MergeReport:
+    """What merging a handle's adapters did: which adapters, how many weights it changed, the rounding it added.
+
+    `weights` counts the parameters given the deltas (private copies); `errors` holds, per quantized
+    weight requantized, max |stored - exact| / max |exact| (float weights take the deltas as a take-time
+    patch would, so they add nothing); `head_banks` counts the per-step output-head banks (PDD), which
+    are never merged; `extra_bytes` is what the private copies hold.
+    """
+
+    adapters: tuple[tuple[str, float], ...]  # (file name, strength), in application order
+    weights: int
+    errors: dict[str, float]
+    head_banks: int
+    extra_bytes: int
+
+    @property
+    def largest(self) -> tuple[str, float] | None:
+        """(weight, error) of the largest requantization error, or None when nothing was requantized."""
+        if not self.errors:
+            return None
+        name = max(self.errors, key=self.errors.get)
+        return name, self.errors[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON values (what a job's profile notes)."""
+        largest = self.largest
+        return {"adapters": [{"adapter": name, "strength": strength} for name, strength in self.adapters],
+                "weights": self.weights, "requantized": len(self.errors), "head_banks": self.head_banks,
+                "largest_error": largest[1] if largest else 0.0, "largest_error_weight": largest[0] if largest else None,
+                "errors": dict(self.errors), "extra_bytes": self.extra_bytes}
+
+    def text(self) -> str:
+        """One line a person reads."""
+        listed = ", ".join(f"{name} at {strength:g}" for name, strength in self.adapters)
+        line = f"merged {len(self.adapters)} adapter{'s' if len(self.adapters) != 1 else ''} ({listed}) into " \
+               f"{self.weights} weights"
+        largest = self.largest
+        if largest is None:
+            line += ", none of them quantized (no rounding added)"
+        else:
+            line += (f", {len(self.errors)} of them requantized; largest error {largest[1]:.3%} of that weight's "
+                     f"largest value ({largest[0]})")
+        if self.head_banks:
+            line += f"; {self.head_banks} output-head banks stay chosen per step"
+        return line + f"; private copies {self.extra_bytes / 2**20:.1f} MiB"
+
+
 class ModelHandle:
     """A base module plus stacked adapters; runs them on the fly (`active()`) or merged (`merged()`).
 
-    Build one with `ModelHandle(model, name=..., component=..., options=...)`; `applied` and `base`
-    are set by `with_adapter` and `merged`, not by callers. `options` (e.g. sampling shifts set by a
+    Build one with `ModelHandle(model, name=..., component=..., options=...)`; `applied`, `base`,
+    `merged_count` and `requantization_errors` are set by `with_adapter` and `merged`, not by callers. `options` (e.g. sampling shifts set by a
     node) travel unchanged to every handle derived from this one.
     """
 
     def __init__(self, model: nn.Module, *, name: str = "", component: str = MODEL,
                  options: dict[str, Any] | None = None, applied: tuple[AppliedAdapter, ...] = (),
-                 base: nn.Module | None = None) -> None:
+                 base: nn.Module | None = None, merged_count: int = 0,
+                 requantization_errors: dict[str, float] | None = None) -> None:
         self.model = model  # the module to run: the base, or a merged tree sharing the base
         self.base = model if base is None else base  # the shared, never-modified base module
         self.name = name
         self.component = component  # which adapter entries apply: "model" or "text_encoder"
         self.options: dict[str, Any] = dict(options or {})
         self.applied = applied
-        self._patch_map, self._side_map = self._build_maps() if self.model is self.base else ({}, {})
+        # How many of `applied` (the first ones) `model` holds merged; the rest run on the fly on it.
+        if not 0 <= merged_count <= len(applied) or (merged_count == 0) != (model is self.base):
+            raise ValueError(f"a handle runs its base exactly when none of its adapters is merged; got "
+                             f"{merged_count} of {len(applied)} merged")
+        self.merged_count = merged_count
+        self._patch_map, self._side_map = self._build_maps()
         self._merged: ModelHandle | None = None
+        # What merging added per requantized weight (given by `merged()` to the handle it makes; merge_errors).
+        self._requantization_errors = dict(requantization_errors or {})
 
     def _build_maps(self) -> tuple[PatchMap, SideMap]:
-        """The take-time patch map and the side map (the routing rule is in the module docstring)."""
+        """The take-time patch map and the side map of the adapters not merged, on the module that runs
+        (the routing rule is in the module docstring)."""
         routed: dict[str, dict[str, list[tuple[WeightPatch, float, AdapterMode]]]] = {}
-        for applied in self.applied:
+        for applied in self.applied[self.merged_count:]:
             for patch in applied.patches:
                 routed.setdefault(patch.module_name, {}).setdefault(patch.param_name, []).append(
                     (patch, applied.strength, applied.mode))
         patch_map: PatchMap = {}
         side_map: SideMap = {}
         for module_name, params in routed.items():
-            module = self.base.get_submodule(module_name)
+            module = self.model.get_submodule(module_name)
             key = id(module)
+            reads_rows = getattr(module, "side_path_reads_rows", False)  # a table lookup, not a product
             for param_name, entries in params.items():
                 beside_ok = (param_name == "weight" and getattr(module, "runs_adapter_side_path", False)
-                             and all(patch.runs_beside for patch, _s, _m in entries))
+                             and all(patch.runs_beside_rows if reads_rows else patch.runs_beside
+                                     for patch, _s, _m in entries))
                 quantized = getattr(module, "holds_quantized_weights", False)
                 for patch, strength, mode in entries:
                     if beside_ok and (quantized or mode is AdapterMode.BYPASS):
@@ -271,12 +336,12 @@ class ModelHandle:
 
     @property
     def patch_map(self) -> PatchMap:
-        """The take-time patches this handle activates around a forward (empty for a merged handle)."""
+        """The take-time patches this handle activates around a forward (those of the adapters not merged)."""
         return self._patch_map
 
     @property
     def side_map(self) -> SideMap:
-        """The side-path patches this handle activates around a forward (empty for a merged handle)."""
+        """The side-path patches this handle activates around a forward (those of the adapters not merged)."""
         return self._side_map
 
     @property
@@ -298,8 +363,8 @@ class ModelHandle:
         if not patches:
             return self
         applied = AppliedAdapter(adapter, float(strength), tuple(patches), mode)
-        return ModelHandle(self.base, name=self.name, component=self.component, options=self.options,
-                           applied=(*self.applied, applied))
+        return ModelHandle(self.model, name=self.name, component=self.component, options=self.options,
+                           applied=(*self.applied, applied), base=self.base, merged_count=self.merged_count)
 
     def binding(self, adapter: Adapter, *, not_loaded: str = "") -> Binding:
         """What `adapter` bound on this handle's component (its latest stacking here; none applied when absent)."""
@@ -318,7 +383,8 @@ class ModelHandle:
     def with_options(self, **options: Any) -> "ModelHandle":
         """A handle like this one (same base, adapters and merged copies) with `options` updated."""
         clone = ModelHandle(self.model, name=self.name, component=self.component,
-                            options={**self.options, **options}, applied=self.applied, base=self.base)
+                            options={**self.options, **options}, applied=self.applied, base=self.base,
+                            merged_count=self.merged_count, requantization_errors=self._requantization_errors)
         if self._merged is not None:  # keep the merged copies already made, under the new options
             clone._merged = self._merged.with_options(**options)
         return clone
@@ -392,13 +458,16 @@ class ModelHandle:
         return total
 
     def merged(self) -> "ModelHandle":
-        """A handle whose patched modules are private copies holding base + deltas (computed once)."""
-        if self.model is not self.base or not self.applied:
+        """A handle whose patched modules are private copies holding base + the deltas of every stacked
+        adapter (computed once, from the base even when some adapters were merged before)."""
+        if self.merged_count == len(self.applied):
             return self
         if self._merged is None:
-            tree = _copy_with_merged(self.base, self._patched_params())
+            errors: dict[str, float] = {}
+            tree = _copy_with_merged(self.base, self._patched_params(), errors)
             self._merged = ModelHandle(tree, name=self.name, component=self.component, options=self.options,
-                                       applied=self.applied, base=self.base)
+                                       applied=self.applied, base=self.base, merged_count=len(self.applied),
+                                       requantization_errors=errors)
         return self._merged
 
     def merge_errors(self) -> dict[str, float]:
@@ -407,16 +476,16 @@ class ModelHandle:
         `exact` is the weight the patches stand for (`patched_weight`), so this is the rounding of the
         one requantization (see QuantizedLinear.requantized for its bound); float weights merge exactly.
         """
+        return dict(self.merged()._requantization_errors)
+
+    def merge_report(self) -> MergeReport:
+        """What `merged()` does for this handle (merging it when not done yet)."""
         merged = self.merged()
-        errors: dict[str, float] = {}
-        for module_name, params in self._patched_params().items():
-            module = self.base.get_submodule(module_name)
-            if "weight" not in params or not getattr(module, "holds_quantized_weights", False):
-                continue
-            exact = self.patched_weight(module_name)
-            stored = merged.model.get_submodule(module_name).dequantized_weight(torch.float32)
-            errors[module_name] = float((stored - exact).abs().max() / exact.abs().max().clamp(min=1e-30))
-        return errors
+        banks = sum(1 for applied in self.applied for patch in applied.patches if patch.source.per_step)
+        return MergeReport(adapters=tuple((applied.adapter.name, applied.strength) for applied in self.applied),
+                           weights=sum(len(params) for params in self._patched_params().values()),
+                           errors=dict(merged._requantization_errors), head_banks=banks,
+                           extra_bytes=self.merge_bytes())
 
     def prepared(self, max_merge_bytes: int | None = None) -> "ModelHandle":
         """The merged handle when its extra bytes fit `max_merge_bytes` (None: always), else this one."""
@@ -439,12 +508,16 @@ class ModelHandle:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        mode = "merged" if self.model is not self.base else "on the fly"
+        mode = f"{self.merged_count} merged" if self.merged_count else "on the fly"
         return f"ModelHandle({self.name or type(self.base).__name__!r}, adapters={self.adapters}, {mode})"
 
 
-def _copy_with_merged(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, float]]]]) -> nn.Module:
-    """A new module tree sharing `base`'s untouched modules; patched modules and their ancestors are copies."""
+def _copy_with_merged(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, float]]]],
+                      errors: dict[str, float]) -> nn.Module:
+    """A new module tree sharing `base`'s untouched modules; patched modules and their ancestors are copies.
+
+    `errors` receives, per quantized weight requantized, max |stored - exact| / max |exact| (merge_errors).
+    """
     copies: dict[str, nn.Module] = {}
 
     def private(name: str) -> nn.Module:
@@ -467,12 +540,12 @@ def _copy_with_merged(base: nn.Module, patched: dict[str, dict[str, list[tuple[P
     # Normal tensors even when called under inference_mode: the merged handle is cached and may be
     # run later outside it, where inference tensors cannot meet autograd-tracked ones.
     with torch.inference_mode(False):
-        _merge_into(base, patched, private)
+        _merge_into(base, patched, private, errors)
     return root
 
 
 def _merge_into(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, float]]]],
-                private: Callable[[str], nn.Module]) -> None:
+                private: Callable[[str], nn.Module], errors: dict[str, float]) -> None:
     for module_name, params in patched.items():
         clone = private(module_name)
         module = base.get_submodule(module_name)
@@ -480,12 +553,14 @@ def _merge_into(base: nn.Module, patched: dict[str, dict[str, list[tuple[Patch, 
             if param_name == "weight" and getattr(module, "holds_quantized_weights", False):
                 # Quantized layers are merged by requantizing base + deltas once in their own format
                 # (the error this adds is stated on QuantizedLinear.requantized).
-                merged = _patched(module.dequantized_weight(torch.float32), entries)
-                for name, tensor in module.requantized(merged).items():
+                exact = _patched(module.dequantized_weight(torch.float32), entries)
+                for name, tensor in module.requantized(exact).items():
                     if name == "weight":
                         clone._parameters[name] = nn.Parameter(tensor, requires_grad=False)
                     else:
                         clone._buffers[name] = tensor
+                stored = clone.dequantized_weight(torch.float32)
+                errors[module_name] = float((stored - exact).abs().max() / exact.abs().max().clamp(min=1e-30))
                 continue
             original = getattr(module, param_name)
             clone._parameters[param_name] = nn.Parameter(_patched(original, entries), requires_grad=False)

@@ -286,6 +286,27 @@ def _lora_loader_bypass(model: Any, clip: Any, lora_name: str, strength_model: f
     return _apply_lora("LoraLoaderBypass", model, clip, lora_name, strength_model, strength_clip, bypass=True)
 
 
+def _merge_adapters(model: Any) -> NodeOutput:
+    """Fold the adapters stacked on `model` into private copies of the weights they change, once.
+
+    What that did (models.patcher.MergeReport: the weights changed, the rounding a requantization
+    added to each) is the node's text, its UI output `text` and the `merge` note of its profile row.
+    """
+    handle = check_model("MergeAdapters", model)
+    context = current()
+    if handle.merged_count == len(handle.applied):
+        text = ("nothing to merge: no adapter is loaded on this model" if not handle.applied else
+                "nothing to merge: every adapter on this model is merged already")
+        context.show(text=text)
+        return NodeOutput.of(handle, ui={"text": [text]})
+    merged = keep_shifts(handle, handle.merged())
+    report = handle.merge_report()
+    text = report.text()
+    context.show(text=text)
+    context.note_profile("merge", report.as_dict())
+    return NodeOutput.of(merged, ui={"text": [text]})
+
+
 _LORA_NAME_TIP = "Adapter file (LoRA, LoKr or LoHa) from models/loras."
 _STRENGTH = dict(min=-100.0, max=100.0, step=0.01)
 
@@ -393,6 +414,18 @@ NODES = [
         inputs=_lora_model_only_inputs(),
         outputs=[Output("MODEL")],
         fingerprint=_file_fingerprint("loras", "lora_name"),
+    ),
+    NodeSpec(
+        node_id="MergeAdapters", display_name="Merge Adapters Into Weights", category="advanced/model",
+        description="Adds the adapters loaded so far into the weights they change, once, so sampling runs at the "
+                    "speed of the model without adapters. On a quantized model each changed weight is "
+                    "requantized in its own format, which adds a small rounding error; the node's text reports "
+                    "the largest. The loaded model is shared and stays unchanged: the changed weights are private "
+                    "copies. Adapters loaded after this node are computed on the fly on top of it.",
+        execute=_merge_adapters,
+        inputs=[Input.link("model", "MODEL", tooltip="Diffusion model whose adapters to merge.")],
+        outputs=[Output("MODEL", tooltip="The same model with its adapters merged into its weights.")],
+        search_aliases=("merge lora", "bake lora", "fuse lora"),
     ),
     NodeSpec(
         node_id="ModelPatchLoader", display_name="Load Model Patch", category="advanced/loaders",

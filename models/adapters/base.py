@@ -67,6 +67,16 @@ class DeltaSource(abc.ABC):
         delta = self.compute(side_factors(self, h.device, h.dtype))
         return torch.nn.functional.linear(h, delta.reshape(delta.shape[0], -1)) * alpha
 
+    def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of the delta (scale included): (*ids.shape, columns), in `dtype`, on ids' device.
+
+        The side path of an embedding table: the looked-up rows of a quantized table get these added,
+        so the table is never dequantized. This default builds the whole delta; the factored kinds
+        override it with the rows of their factors alone.
+        """
+        delta = self.compute(side_factors(self, ids.device, dtype))
+        return delta.reshape(delta.shape[0], -1)[ids]
+
 
 @dataclass
 class StoredValue(DeltaSource):
@@ -124,6 +134,9 @@ class FullDelta(DeltaSource):
 
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         return factors["diff"]
+
+    def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.diff.reshape(self.diff.shape[0], -1)[ids.to(self.diff.device)].to(ids.device, dtype)
 
 
 class RankedDelta(DeltaSource):
@@ -301,6 +314,16 @@ class WeightPatch:
             out.add_(side)
         else:
             out[..., self.rows[0]:self.rows[1]].add_(side)
+
+    @property
+    def runs_beside_rows(self) -> bool:
+        """Whether this patch can run beside a table lookup (an embedding's side path): an additive delta on the
+        whole table, in the table's own row order."""
+        return self.runs_beside and self.rows is None and not self.swap_halves and self.row_order is None
+
+    def add_side_rows(self, out: torch.Tensor, ids: torch.Tensor, strength: float) -> None:
+        """Add `strength` times rows `ids` of this patch's delta into the looked-up rows `out` (*ids.shape, dim)."""
+        out.add_(self.source.delta_rows(ids, out.dtype), alpha=strength)
 
     def nbytes_factors(self) -> int:
         """Bytes of the stored factors (what on-the-fly application keeps besides the base)."""

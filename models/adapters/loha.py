@@ -70,6 +70,13 @@ class LohaDelta(RankedDelta):
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._rebuild(factors, 1) * self._rebuild(factors, 2) * self.scale
 
+    def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.t1 is not None or len(self._shape(1)) != 2:
+            return super().delta_rows(ids, dtype)
+        factors = side_factors(self, ids.device, dtype)
+        first = factors["w1_a"][ids] @ factors["w1_b"]  # (..., columns)
+        return first * (factors["w2_a"][ids] @ factors["w2_b"]) * self.scale
+
     def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
         # (A1 B1) * (A2 B2) is a rank r1 * r2 product U V, U[o, (i, j)] = A1[o, i] A2[o, j] and
         # V[(i, j), c] = B1[i, c] B2[j, c]; it is used while it is cheaper than the delta itself.

@@ -122,6 +122,19 @@ class LokrDelta(RankedDelta):
         out = torch.matmul(w1 * (alpha * self.scale), grid)  # (M, a, b)
         return out.reshape(*h.shape[:-1], a * b)
 
+    def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # Row r of kron(w1, w2) is w1[r // b] (x) w2[r % b]: the outer product of one row of each factor.
+        (a, c), w2_shape = self._w1_shape(), self._w2_shape()
+        if len(w2_shape) != 2 or self.t2 is not None:
+            return super().delta_rows(ids, dtype)
+        b, d = w2_shape
+        factors = side_factors(self, ids.device, dtype)
+        outer, inner = ids // b, ids % b
+        w1_rows = factors["w1"][outer] if "w1" in factors else factors["w1_a"][outer] @ factors["w1_b"]  # (..., c)
+        w2_rows = factors["w2"][inner] if "w2" in factors else factors["w2_a"][inner] @ factors["w2_b"]  # (..., d)
+        rows = (w1_rows * self.scale)[..., :, None] * w2_rows[..., None, :]  # (..., c, d)
+        return rows.reshape(*ids.shape, c * d)
+
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         w1 = factors["w1"] if "w1" in factors else factors["w1_a"] @ factors["w1_b"]
         if "w2" in factors:

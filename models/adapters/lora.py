@@ -83,6 +83,12 @@ class LoraDelta(RankedDelta):
         # The scale goes on the rank-wide middle, the smallest tensor of the three products.
         return F.linear(F.linear(h, down) * (alpha * self.scale), up)  # (..., out)
 
+    def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.mid is not None or self.up.dim() != 2 or self.down.dim() != 2:
+            return super().delta_rows(ids, dtype)
+        factors = side_factors(self, ids.device, dtype)
+        return F.linear(factors["up"][ids] * self.scale, factors["down"].T)  # (..., r) -> (..., columns)
+
     def compute(self, factors: dict[str, torch.Tensor]) -> torch.Tensor:
         up = factors["up"].reshape(self.up.shape[0], self.up.shape[1])  # (out, r)
         down = factors["down"]

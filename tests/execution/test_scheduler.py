@@ -250,8 +250,8 @@ def test_intermediates_are_released(registry, paths):
     states = []
     original = Readiness.complete
 
-    def spy(self, slot, outputs, ui):
-        original(self, slot, outputs, ui)
+    def spy(self, slot, outputs, ui, notes=None):
+        original(self, slot, outputs, ui, notes)
         states.append(self.held_values())
 
     Readiness.complete = spy

@@ -2,6 +2,7 @@
 path) and the ordinary loader, and the report of what bound (node text, UI output, profile notes)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -91,6 +92,13 @@ def test_lora_loader_reports_each_component_and_a_model_only_load_names_what_it_
         "text encoder: 1 entries not applied (this node loads the model only)"]
     notes = result.profile["both"]["notes"]["adapters"]
     assert [n["component"] for n in notes] == ["DiT", "text encoder"] and notes[1]["applied"] == 0
+    # The same prompt again: the loaders are served from the output cache, and their rows keep what bound.
+    for probe_id in ("p_both", "p_only"):  # a new label, so the probes run and ask for the loaders' values
+        prompt[probe_id]["inputs"]["label"] = "again"
+    again = h3.run(prompt)
+    for node_id in ("both", "model_only"):
+        assert again.profile[node_id]["cached"] is True
+        assert again.profile[node_id]["notes"] == result.profile[node_id]["notes"]
 
 
 def test_a_file_of_which_nothing_applies_is_an_error_naming_the_input(h3):
@@ -118,3 +126,66 @@ def test_strength_zero_returns_the_model_unchanged_without_reading_the_file(h3):
     save_file({"x.lora_A.weight": torch.zeros(1, 1)}, str(h3.paths.models / "loras" / "broken.safetensors"))
     result = h3.run(prompt)
     assert "lora" not in result.outputs and "notes" not in result.profile["lora"]
+
+
+def _int8_transformer(models) -> str:
+    """The tiny transformer with its block linears stored int8-convrot, as the released DiTs; returns its name."""
+    from safetensors import safe_open
+
+    from models.quant.writer import RELEASED_INT8_LAYERS, quantize_state_dict, save_quantized
+
+    source = models / "diffusion_models" / TINY_NAMES["transformer"][1]
+    with safe_open(str(source), framework="pt") as handle:
+        state = {key: handle.get_tensor(key) for key in handle.keys()}
+        metadata = dict(handle.metadata())
+    state, quant_metadata = quantize_state_dict(state, RELEASED_INT8_LAYERS["h3_transformer"], "int8_tensorwise",
+                                                rotation_group=256)
+    save_quantized(str(models / "diffusion_models" / "tiny_int8.safetensors"), state, {**metadata, **quant_metadata})
+    return "tiny_int8.safetensors"
+
+
+def test_merge_adapters_on_int8_samples_what_the_side_path_does_and_reports_the_rounding_it_adds(h3):
+    from safetensors.torch import load_file
+
+    from models.ops import QuantizedLinear
+
+    models = h3.paths.models
+    write_tiny_lora(models / "loras" / "tiny_lora.safetensors", models / "diffusion_models" / TINY_NAMES["transformer"][1])
+    prompt = _with_lora(t2va_prompt(save_video=False), "LoraLoaderModelOnly")
+    prompt["unet"]["inputs"]["unet_name"] = _int8_transformer(models)
+    # A second sampler on the merged model, beside the one on the model with the LoRA on the side path.
+    prompt["merge"] = {"class_type": "MergeAdapters", "inputs": {"model": ["lora", 0]}}
+    prompt["guider_merged"] = {"class_type": "BasicGuider", "inputs": {"model": ["merge", 0],
+                                                                        "conditioning": ["text", 0]}}
+    prompt["sample_merged"] = dict(prompt["sample"], inputs={**prompt["sample"]["inputs"],
+                                                             "guider": ["guider_merged", 0]})
+    prompt["probe_merged"] = {"class_type": "TestOutput", "inputs": {"value": ["sample_merged", 0]}}
+    prompt["probe_model"] = {"class_type": "TestOutput", "inputs": {"value": ["merge", 0]}}
+    prompt["merge_none"] = {"class_type": "MergeAdapters", "inputs": {"model": ["unet", 0]}}
+    prompt["probe_none"] = {"class_type": "TestOutput", "inputs": {"value": ["merge_none", 0]}}
+    result = h3.run(prompt)
+    side, merged = probe(result, "probe_latent")["samples"], probe(result, "probe_merged")["samples"]
+    assert not torch.equal(side, merged)  # the merged weights were requantized
+    torch.testing.assert_close(merged, side, rtol=0, atol=2e-2 * side.abs().max().item())
+    # The reported rounding, recomputed from the file's factors and the merged copies' stored codes.
+    handle = probe(result, "probe_model")
+    (note,) = result.profile["merge"]["notes"]["merge"]
+    tensors = load_file(str(models / "loras" / "tiny_lora.safetensors"))
+    layers = ("blocks.0.attn.qkv_proj", "blocks.1.mlp.fc2", "blocks.1.attn.out_proj")
+    assert set(note["errors"]) == set(layers) and note["requantized"] == note["weights"] == 3
+    for layer in layers:
+        base, copy = handle.base.get_submodule(layer), handle.model.get_submodule(layer)
+        assert isinstance(copy, QuantizedLinear) and copy is not base
+        delta = tensors[f"diffusion_model.{layer}.lora_B.weight"] @ tensors[f"diffusion_model.{layer}.lora_A.weight"]
+        exact = base.dequantized_weight() + 0.8 * delta
+        error = ((copy.dequantized_weight() - exact).abs().max() / exact.abs().max()).item()
+        assert note["errors"][layer] == pytest.approx(error, rel=1e-5)
+        assert 0 < error < 0.02  # half an int8 step at most, against the layer's largest value
+    assert note["largest_error"] == max(note["errors"].values())
+    assert note["adapters"] == [{"adapter": "tiny_lora.safetensors", "strength": 0.8}]
+    (text,) = result.outputs["merge"]["text"]
+    assert text.startswith("merged 1 adapter (tiny_lora.safetensors at 0.8) into 3 weights, 3 of them requantized; "
+                           f"largest error {note['largest_error']:.3%}")
+    # A model without adapters passes through, saying so.
+    assert probe(result, "probe_none").model is handle.base
+    assert result.outputs["merge_none"]["text"] == ["nothing to merge: no adapter is loaded on this model"]

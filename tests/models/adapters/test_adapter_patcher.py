@@ -41,9 +41,16 @@ def test_stacking_two_adapters(two_adapters):
     inputs = tiny_inputs()
     for a, b in zip(handle(*inputs), handle.merged()(*inputs)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    # Stacking on a merged handle restarts from the shared base with all three adapters.
+    # Stacking on a merged handle keeps its merged copies and runs the new adapter on the fly on them;
+    # merging that handle starts again from the shared base with all three adapters.
     again = handle.merged().with_adapter(lora, 0.2)
     assert again.base is model and [s for _, s in again.adapters] == [0.8, -0.3, 0.2]
+    assert again.model is handle.merged().model and again.merged_count == 2
+    (fc1_entries,) = [params["weight"] for key, params in again.patch_map.items()
+                      if key == id(handle.merged().model.blocks[1].mlp.fc1)]
+    assert [strength for _patch, strength in fc1_entries] == [0.2]
+    for a, b in zip(again(*inputs), again.merged()(*inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(again.merged().model.blocks[1].mlp.fc1.weight,
                                model.blocks[1].mlp.fc1.weight + 1.0 * deltas["lora_fc1"])
     assert_unchanged(model, before)

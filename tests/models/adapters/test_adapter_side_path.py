@@ -3,6 +3,8 @@ product and equal dequantize-then-add to float32 rounding, stacked and at any st
 rebuilt; the bypass mode does the same on float Linears; DoRA keeps the dequantizing route."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +13,7 @@ from torch import nn
 from kernels.quantized import WeightFormat
 from models import ops
 from models.adapters import adapter_from_tensors
-from models.patcher import AdapterMode, ModelHandle
+from models.patcher import AdapterMode, ModelHandle, patches_active
 from models.quant.formats import LayerQuant
 from tests.models.adapters.helpers import assert_unchanged, rand, snapshot
 
@@ -209,3 +211,96 @@ def test_dora_entries_keep_the_dequantizing_route_on_their_layer(monkeypatch):
     x = rand(3, WIDTH, seed=4)
     with torch.no_grad():
         _close(handle(x), _reference(handle, x))
+
+
+def _held_tensor_bytes() -> int:
+    """Bytes of the CPU tensor storages that objects made since `gc.freeze()` hold, each storage counted once."""
+    gc.collect()
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():  # the frozen objects (everything older than the test) are not listed
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_the_side_path_holds_no_more_than_the_base_and_the_adapter_file(tmp_path, monkeypatch):
+    """Resident bytes after side-path steps stay within 1.05x the base's plus the adapter file's: no copy of the
+    factors in the compute dtype, no per-layer buffer outlives a product (bench/adapters.py measures the RSS)."""
+    from safetensors.torch import save_file
+
+    from models.adapters import load_adapter
+
+    monkeypatch.setenv("WEFT_KERNEL_BACKEND", "quantized_linear:eager")  # no compiling of the int8 product
+    width, rank = 128, 8
+    x = rand(16, width, seed=3)
+    with torch.no_grad():
+        _quantized(WeightFormat.INT8, 16, width, width, seed=0)(x)  # the product's imports, before counting
+    gc.freeze()
+    try:
+        model = nn.Sequential(*[_quantized(WeightFormat.INT8, 16, width, width, seed=10 + i) for i in range(3)]).eval()
+        base_bytes = _held_tensor_bytes()
+        tensors = {}
+        for i in range(3):  # a bf16 LoRA on every layer, as the released turbo LoRAs are stored
+            tensors[f"lora_unet_{i}.lora_down.weight"] = rand(rank, width, seed=20 + i).bfloat16()
+            tensors[f"lora_unet_{i}.lora_up.weight"] = (0.1 * rand(width, rank, seed=30 + i)).bfloat16()
+        path = tmp_path / "lora_bf16.safetensors"
+        save_file(tensors, str(path))
+        del tensors
+        handle = ModelHandle(model, name="int8").with_adapter(load_adapter(path), 1.0)
+        assert len(handle.side_map) == 3 and not handle.patch_map
+        with torch.no_grad():
+            for _ in range(2):
+                out = handle(x)
+            assert (out - model(x)).abs().max() > 1e-3  # the adapter ran
+        del out
+        held = _held_tensor_bytes()
+    finally:
+        gc.unfreeze()
+    assert held <= 1.05 * (base_bytes + path.stat().st_size), (held, base_bytes, path.stat().st_size)
+
+
+ROWS, DIM = 64, 16  # a token table
+
+
+def _quantized_table(fmt: WeightFormat) -> ops.QuantizedEmbedding:
+    quant = LayerQuant(fmt, 0)
+    stored = quant.stored_format.encode(rand(ROWS, DIM, seed=40), quant)
+    table = ops.QuantizedEmbedding(ROWS, DIM, quant, tensor_shapes={k: (tuple(v.shape), v.dtype)
+                                                                    for k, v in stored.items()})
+    with torch.no_grad():
+        for name, tensor in stored.items():
+            getattr(table, name).copy_(tensor)
+    return table
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.FLOAT8_E4M3])
+def test_adapters_on_a_quantized_token_table_add_their_rows_without_dequantizing_it(monkeypatch, fmt):
+    from kernels.quantized import QuantizedWeight
+
+    net = nn.Module()
+    net.embed = _quantized_table(fmt)
+    net.forward = lambda ids, dtype=torch.float32: net.embed(ids, dtype=dtype)
+    before = snapshot(net)
+    lora = adapter_from_tensors({"lora_unet_embed.lora_up.weight": rand(ROWS, 3, seed=41) * 0.2,
+                                 "lora_unet_embed.lora_down.weight": rand(3, DIM, seed=42),
+                                 "lora_unet_embed.alpha": torch.tensor(1.5)}, source="lora")
+    lokr = adapter_from_tensors({"lycoris_embed.lokr_w1": rand(4, 2, seed=43),
+                                 "lycoris_embed.lokr_w2_a": rand(ROWS // 4, 2, seed=44) * 0.1,
+                                 "lycoris_embed.lokr_w2_b": rand(2, DIM // 2, seed=45)}, source="lokr")
+    loha = adapter_from_tensors({f"lycoris_embed.hada_{part}": rand(*shape, seed=46 + i) * 0.3 for i, (part, shape) in
+                                 enumerate([("w1_a", (ROWS, 2)), ("w1_b", (2, DIM)), ("w2_a", (ROWS, 2)),
+                                            ("w2_b", (2, DIM))])}, source="loha")
+    handle = ModelHandle(net).with_adapter(lora, 0.8).with_adapter(lokr, -0.5).with_adapter(loha, 1.2)
+    assert set(handle.side_map) == {id(net.embed)} and not handle.patch_map
+    ids = torch.tensor([[0, 5, 63, 17], [17, 2, 40, 9]])
+    with torch.no_grad():
+        # The reference: the same patches added to the dequantized table at take time.
+        with patches_active({id(net.embed): {"weight": handle.side_map[id(net.embed)]}}):
+            want = net(ids)
+        monkeypatch.setattr(QuantizedWeight, "dequantize", lambda *a, **k: pytest.fail("the table was dequantized"))
+        got = handle(ids)
+        assert handle(ids, torch.bfloat16).dtype == torch.bfloat16
+    _close([got], [want])
+    assert (got - net(ids)).abs().max() > 1e-2
+    assert_unchanged(net, before)
