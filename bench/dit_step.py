@@ -7,7 +7,9 @@ sequence. Measured side by side in one run, on the CPU:
     the tokens): Weft and diffusers in float32 and in bfloat16, Weft's int8-convrot and nvfp4 models
     (written and loaded by Weft's own quantized writer and loader), and a bare 2048^3 matrix product
     per dtype (the machine's matmul limit at that thread count: in float32 the faster of torch's `@`
-    and oneDNN's product, which on some CPUs differ by 2x);
+    and oneDNN's product, which on some CPUs differ by 2x; in bfloat16 the faster of torch's `@` and
+    the product widened to float32 and rounded back, which on a CPU without bfloat16 arithmetic is
+    several times faster and is what Weft's compiled Linear runs there);
   - every variant once per round, the order rotated each round, several rounds; min and median, of
     this process's CPU time (steady on a shared machine) and of wall time;
   - a "step" is the transformer forward plus the sampler's Euler update of both latents;
@@ -178,8 +180,12 @@ class BareMatmul:
         return self.a @ self.b
 
     def onednn(self):
-        """The same product through oneDNN (what Weft's float32 Linear calls on the CPU)."""
+        """The same product through oneDNN (what Weft's float32 Linear calls on an AVX-512 CPU)."""
         return torch.ops.mkldnn._linear_pointwise(self.a, self.b, None, "none", [], "")
+
+    def widened(self):
+        """The same half-precision product multiplied in float32 and rounded back (what a CPU without bf16 runs)."""
+        return (self.a.float() @ self.b.float()).to(self.a.dtype)
 
 
 def count_flops(step: DiffusersStep) -> int:
@@ -228,7 +234,7 @@ COPY_OPS = ("aten::copy_", "aten::to", "aten::_to_copy", "aten::clone", "aten::c
             "aten::_unsafe_view", "aten::detach", "aten::lift_fresh", "aten::alias", "aten::resize_",
             "aten::fill_", "aten::zero_", "aten::zeros", "aten::ones", "aten::arange", "aten::unique",
             "aten::_unique2", "aten::item", "aten::_local_scalar_dense", "aten::set_", "aten::scalar_tensor")
-COMPILED_OPS = ("Torch-Compiled Region", "CompiledFunction", "cpp_fused", "inductor")
+COMPILED_OPS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFxGraph", "cpp_fused", "inductor")
 
 
 def _op_category(name: str) -> str:
@@ -237,7 +243,7 @@ def _op_category(name: str) -> str:
     if any(name.startswith(p) for p in MATMUL_OPS):
         return "matmuls"
     if any(p in name for p in COMPILED_OPS):
-        return "compiled prologue/epilogue"
+        return "compiled fused passes (norms, modulation, rope, prologue/epilogue)"
     if name in COPY_OPS:
         return "copies, views, casts"
     if name.startswith("aten::"):
@@ -347,6 +353,7 @@ def main() -> None:
             for name, matmul in bare.items():
                 runs[f"matmul {name}"] = matmul
             runs["matmul fp32 onednn"] = bare["fp32"].onednn
+            runs["matmul bf16 widened"] = bare["bf16"].widened
             flops = count_flops(runs["diffusers bf16"])  # the same count in any dtype; bf16 runs faster
             # Warm-up (compiles, fills the managers) and parity of each Weft model with diffusers' float32.
             ref_video = runs["diffusers fp32"]()[0]
@@ -360,10 +367,10 @@ def main() -> None:
             rows = {}
             limit = {}
             for clock, times in (("wall", wall), ("cpu", cpu)):
-                # The machine's limit: the faster of the bare products, per dtype, at its best round.
-                limit[clock] = {name: max(matmul.flops / min(times[f"matmul {name}"]),
-                                          matmul.flops / min(times[f"matmul {name} onednn"]))
-                                if f"matmul {name} onednn" in times else matmul.flops / min(times[f"matmul {name}"])
+                # The machine's limit: the fastest bare product of each dtype's matrices, at its best round
+                # (float32: torch's or oneDNN's; bfloat16: native, or widened to float32 and rounded back).
+                limit[clock] = {name: max(matmul.flops / min(values) for key, values in times.items()
+                                          if key == f"matmul {name}" or key.startswith(f"matmul {name} "))
                                 for name, matmul in bare.items()}
                 for key, values in times.items():
                     if key.startswith("matmul"):

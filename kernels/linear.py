@@ -7,7 +7,9 @@ One public function, `linear`, with several backends behind a capability check (
   triton    a Triton kernel with prologue and epilogue fused into the matrix product (kernels/triton_linear.py);
             CUDA with the triton package (CPU tensors only under TRITON_INTERPRET=1, and only when forced)
   onednn    the eager prologue and epilogue around oneDNN's float32 product (`_onednn_linear`); CPU
-The float32 product on the CPU goes to oneDNN in both `onednn` and `compiled` (see `_onednn_linear`).
+The float32 product on an AVX-512 CPU goes to oneDNN in both `onednn` and `compiled` (see `_onednn_linear`);
+on a CPU without native bfloat16/float16 arithmetic, `compiled` multiplies those dtypes in float32
+(see `widened_on_cpu`).
 
 Prologues (kernels/prologues.py, `Prologue` or its value): `rms_norm` (x / rms(x) * prologue_weight, eps),
 `swiglu` (silu(first half of x) * second half; x then has twice the weight's input features),
@@ -17,6 +19,8 @@ The epilogue (bias, scale, residual) is computed in float32 and the result has t
 (x's dtype without a residual), as a fused kernel accumulating in registers would.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -96,9 +100,11 @@ def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 # runs a path without AVX-512; oneDNN (already inside torch, and what torch's own bfloat16 product
 # calls) runs AVX-512 wherever the CPU has it. At the H3 step's shapes it is about twice as fast in
 # float32 on the AVX-512 AMD EPYC this was measured on (bench/dit_step.py), with float32 rounding only:
-# the summation order differs, not the precision. Wrapped as a custom op so that inductor calls it
-# as an opaque kernel inside a compiled graph (its own lowering of the mkldnn op expects a prepacked
-# weight). Below ONEDNN_MIN_MACS a product is bound by call overhead, not by the kernel.
+# the summation order differs, not the precision. On a CPU without AVX-512 both run AVX2 code and
+# MKL's is the faster (about 1.2x at the H3 step's shapes on an AVX2 EPYC), so oneDNN is chosen only
+# where torch reports AVX-512. Wrapped as a custom op so that inductor calls it as an opaque kernel
+# inside a compiled graph (its own lowering of the mkldnn op expects a prepacked weight). Below
+# ONEDNN_MIN_MACS a product is bound by call overhead, not by the kernel.
 ONEDNN_MIN_MACS = 1 << 22
 
 
@@ -123,10 +129,36 @@ def _onednn_available() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _cpu_lacks_avx512() -> str | None:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return None
+    return f"the CPU runs {capability} code, not AVX-512, where torch's own float32 product is the faster"
+
+
 def onednn_capable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the product of x (M, K) and weight (N, K) goes to oneDNN: CPU, float32, oneDNN present."""
+    """Whether the product of x (M, K) and weight (N, K) goes to oneDNN: CPU with AVX-512, float32, oneDNN present."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.device.type == "cpu" and _onednn.unavailable_reason() is None)
+            and weight.device.type == "cpu" and _onednn.unavailable_reason() is None and _cpu_lacks_avx512() is None)
+
+
+# A CPU without native bfloat16 (or float16) arithmetic (no AVX512-BF16 / AMX; what oneDNN reports)
+# emulates the half-precision product, about 8x slower than the float32 one on an AVX2 EPYC at the H3
+# step's shapes. There the compiled graph widens both operands to float32, multiplies in float32 and
+# rounds the result once to the input's dtype: the stored tensors stay half precision, and the result
+# is the one a native product (float32 accumulation, one rounding) gives, up to summation order.
+@functools.lru_cache(maxsize=None)
+def _native_half_product(dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+def widened_on_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the product of x and weight runs in float32: both bfloat16/float16 on a CPU without that arithmetic."""
+    return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and not _native_half_product(x.dtype))
 
 
 def linear_onednn(x, weight, bias=None, *, prologue=None, prologue_weight=None, eps=1e-6, residual=None,
@@ -158,6 +190,8 @@ def _onednn_check(x, weight, bias=None, *, prologue=None, prologue_weight=None, 
 
 
 def _onednn_worthwhile(x, weight, bias=None, **_options) -> str | None:
+    if (reason := _cpu_lacks_avx512()) is not None:
+        return reason
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     macs = rows * weight.shape[0] * weight.shape[1]
     if macs < ONEDNN_MIN_MACS:
@@ -196,7 +230,7 @@ def row_chunks(rows: int, x_features: int, in_features: int, out_features: int, 
 def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None,
                  scale: torch.Tensor | None, prologue: Prologue | None, eps: float, fold_rms: bool,
-                 out_dtype: torch.dtype, onednn: bool) -> torch.Tensor:
+                 out_dtype: torch.dtype, onednn: bool, widen: bool = False) -> torch.Tensor:
     """One chunk of rows: x2 (m, K) -> (m, N); with fold_rms the weight already holds the norm's weight."""
     row_scale = None
     h = x2
@@ -211,9 +245,12 @@ def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         h = F.silu(gate) * value  # (m, K), contiguous
     elif prologue is Prologue.GELU_TANH:
         h = F.gelu(x2, approximate="tanh")
-    acc = _onednn_linear(h, weight) if onednn else h @ weight.t()  # (m, N)
+    if widen:
+        acc = h.float() @ weight.float().t()  # (m, N) float32 (see widened_on_cpu)
+    else:
+        acc = _onednn_linear(h, weight) if onednn else h @ weight.t()  # (m, N)
     if row_scale is None and residual2 is None and scale is None:
-        return acc if bias is None else acc + bias
+        return (acc if bias is None else acc + bias).to(out_dtype)
     y = acc.float()
     if row_scale is not None:
         y = y * row_scale
@@ -229,7 +266,7 @@ def _linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   prologue_weight: torch.Tensor | None, residual2: torch.Tensor | None, scale: torch.Tensor | None,
                   prologue: Prologue | None, eps: float, fold_rms: bool, out_dtype: torch.dtype,
-                  chunks: int = 1, onednn: bool = False) -> torch.Tensor:
+                  chunks: int = 1, onednn: bool = False, widen: bool = False) -> torch.Tensor:
     """What torch.compile fuses: x2 (M, K) -> (M, N); rearranged so the prologue costs one read of x.
 
     RMSNorm is linear per row: rms_norm(x) * g @ W.T == rsqrt(mean(x^2)) * (x @ (W * g).T). So the
@@ -244,7 +281,7 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         weight = (weight.float() * prologue_weight.float()).to(weight.dtype)  # (N, K), once for all chunks
     if chunks == 1:
         return _linear_rows(x2, weight, bias, prologue_weight, residual2, scale, prologue, eps, fold_rms, out_dtype,
-                            onednn)
+                            onednn, widen)
     rows = x2.shape[0]
     row_scale_full = scale is not None and scale.dim() == 2  # a per-token gate, chunked with the rows
     outs = []
@@ -253,7 +290,7 @@ def _linear_graph(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         outs.append(_linear_rows(x2[lo:hi], weight, bias, prologue_weight,
                                  residual2[lo:hi] if residual2 is not None else None,
                                  scale[lo:hi] if row_scale_full else scale, prologue, eps, fold_rms, out_dtype,
-                                 onednn))
+                                 onednn, widen))
     return torch.cat(outs)
 
 
@@ -315,16 +352,17 @@ def linear_compiled(x, weight, bias=None, *, prologue=None, prologue_weight=None
                                                                                 and not fold_rms)
     chunks = (row_chunks(rows, x.shape[-1], in_features, out_features, x.element_size(), x.device.type)
               if writes_intermediate else 1)
-    onednn = onednn_capable(x2, weight)  # decided here, outside the graph: a constant of the shape class
+    onednn = onednn_capable(x2, weight)  # decided here, outside the graph: constants of the shape class
+    widen = widened_on_cpu(x2, weight)
     key = (prologue, in_features, out_features, x.dtype, x.device.type, bias is not None,
            prologue_weight is not None, residual_kind, residual.dtype if residual is not None else None,
-           scale_kind, float(eps), rows == 1, chunks, onednn)
+           scale_kind, float(eps), rows == 1, widen, chunks, onednn)
     # No size is marked dynamic: the first token count of a class compiles a static graph (every
     # loop bound a constant), which is what a denoising loop calling the same shape thousands of
     # times runs. A second, different count makes dynamo recompile the class once with the count
     # symbolic (automatic dynamic shapes), so varying prompt lengths cost one more compile, not one each.
     y = _linear_compiler.run(key, x2, weight, bias, prologue_weight, residual2, scale, prologue, float(eps),
-                             fold_rms, out_dtype, chunks, onednn)
+                             fold_rms, out_dtype, chunks, onednn, widen)
     return y.reshape(out_shape)
 
 

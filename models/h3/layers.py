@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.norms import rms_norm as _rms_norm_kernel
+from kernels.norms import rope_split_half  # noqa: F401 (the models import it from here)
 from models import ops
 
 
@@ -40,19 +41,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if fn is not None:
         return fn(q, k, v, mask=mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-def rope_split_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first 2 * cos.shape[-1] dims of each head, pairing dim i with dim i + half; the rest pass through.
-
-    x: (..., S, H, D); cos/sin: (S, half) broadcast over heads.
-    """
-    half = cos.shape[-1]
-    rot = 2 * half
-    x1, x2, rest = x[..., :half], x[..., half:rot], x[..., rot:]
-    c = cos.unsqueeze(-2).to(x.dtype)  # (S, 1, half)
-    s = sin.unsqueeze(-2).to(x.dtype)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -19,13 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.norms import modulated_rms_norm, rms_norm_rope
 from kernels.prologues import Prologue
 from models import ops, parallel
 from models.h3 import packing
 from models.h3.packing import SegmentRole as Role
 from models.h3 import pdd, sparse_attention
 from models.adapters.base import InputAffine, NoInputAffine
-from models.h3.layers import attention, rope_split_half
+from models.h3.layers import attention
+from models.memory import using
 from models.ops import input_dtype
 
 
@@ -131,9 +133,10 @@ class RotarySelfAttention(nn.Module):
         rows = x.shape[0]
         # The fused projection's output features are ordered (q|k|v, head, dim).
         q, k, v = self.qkv_proj(x).view(rows, 3, self.heads, self.head_dim).unbind(1)  # each (S, heads, dim)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = rope_split_half(q, *rope), rope_split_half(k, *rope)
+        if rope is None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        else:
+            q, k = _normed_rotated(self.q_norm, q, rope), _normed_rotated(self.k_norm, k, rope)
         gate = None
         if sparse is not None and sparse.plan is not None and self.to_gate_compress is not None:
             gate = self.to_gate_compress(x).view(rows, self.heads, self.head_dim)
@@ -151,6 +154,12 @@ class RotarySelfAttention(nn.Module):
         if split is not None:
             mixed = split.rows_to_heads(mixed.view(seq, heads, self.head_dim))  # (rows here, all heads * dim)
         return self.out_proj(mixed.to(v.dtype), residual=residual)
+
+
+def _normed_rotated(norm: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """rope_split_half(norm(x), *rope) for x (S, heads, dim), as one fused pass where that pays (kernels/norms.py)."""
+    with using(norm, dtype=x.dtype) as (weight, _):
+        return rms_norm_rope(x, weight, norm.eps, *rope)
 
 
 def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -196,11 +205,15 @@ class Modulation(nn.Module):
 
 
 class RowModulation:
-    """Applies per-row modulation rows (indexed by `row_index`) by contiguous runs, or by gather when runs are many."""
+    """Applies per-row modulation rows (indexed by `row_index`): the pre-norm's shift and scale, the residual's gate.
+
+    The gate is applied by contiguous runs of rows, or by gather when runs are many.
+    """
 
     MAX_RUNS = 32
 
     def __init__(self, row_index: torch.Tensor):
+        self.row_index = row_index  # (S,) the modulation row of every token
         values, counts = torch.unique_consecutive(row_index, return_counts=True)
         if values.numel() <= self.MAX_RUNS:
             stops = counts.cumsum(0).tolist()
@@ -210,14 +223,10 @@ class RowModulation:
         else:
             self.runs, self.index = None, row_index
 
-    def affine(self, h: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """h * (1 + scale[row]) + shift[row]."""
-        if self.index is not None:
-            return h * (1.0 + scale[self.index].to(h.dtype)) + shift[self.index].to(h.dtype)
-        out = torch.empty_like(h)
-        for a, b, r in self.runs:
-            out[a:b] = h[a:b] * (1.0 + scale[r].to(h.dtype)) + shift[r].to(h.dtype)
-        return out
+    def norm_affine(self, norm: nn.Module, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """norm(x) * (1 + scale[row]) + shift[row], `norm` an RMSNorm (fused where that pays: kernels/norms.py)."""
+        with using(norm, dtype=x.dtype) as (weight, _):
+            return modulated_rms_norm(x, weight, norm.eps, shift, scale, self.row_index)
 
     def gated_add(self, x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x + gate[row] * y."""
@@ -232,7 +241,7 @@ class RowModulation:
 def _modulated_residual(x: torch.Tensor, rows: RowModulation, norm: nn.Module, sublayer: Callable,
                         shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x + gate * sublayer(norm(x) * (1 + scale) + shift), with each row's shift, scale and gate."""
-    return rows.gated_add(x, gate, sublayer(rows.affine(norm(x), shift, scale)))
+    return rows.gated_add(x, gate, sublayer(rows.norm_affine(norm, x, shift, scale)))
 
 
 class TextLayer(nn.Module):
@@ -302,7 +311,7 @@ class OutputHeads(nn.Module):
                 stream: Role) -> torch.Tensor:
         """Float32 velocities of `x`, rows of the VIDEO or the AUDIO target; t_index picks each row's timestep."""
         shift, scale = self.adaln_proj(t_emb)  # one row per timestep (a single tag)
-        normed = RowModulation(t_index).affine(self.norm(x), shift, scale).float()
+        normed = RowModulation(t_index).norm_affine(self.norm, x, shift, scale).float()
         head = self.video_out if stream == Role.VIDEO else self.audio_out
         from models.patcher import HEAD_BANKS, active_options
         bank = active_options().get(HEAD_BANKS, {}).get(id(head))

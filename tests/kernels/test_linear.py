@@ -263,11 +263,40 @@ def test_compiled_uses_the_weights_of_each_call():
 
 
 def test_float32_products_on_the_cpu_go_to_onednn_where_it_runs():
+    from kernels.linear import _cpu_lacks_avx512
+
     if LINEAR.backend("onednn").unavailable_reason() is not None:
         pytest.skip(f"oneDNN unavailable: {LINEAR.backend('onednn').unavailable_reason()}")
     (x, weight, b), kw = make_inputs((96,), 256, 256, torch.float32, residual=True)  # 6.3M multiply-adds
     out = linear(x, weight, b, **kw)
-    assert LINEAR.last_backend == "onednn"
+    if _cpu_lacks_avx512() is None:
+        assert LINEAR.last_backend == "onednn"
+    else:  # without AVX-512 torch's own product is the faster: oneDNN runs only when forced
+        assert LINEAR.last_backend != "onednn"
+        assert "AVX-512" in LINEAR.backend("onednn").worthwhile(x, weight, b, **kw)
+        out = LINEAR(x, weight, b, backend="onednn", **kw)
     torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
     (x, weight, b), kw = make_inputs((96,), 256, 256, torch.bfloat16)
     assert "not float32" in LINEAR.backend("onednn").decline_reason(x, weight, b, **kw)
+
+
+@pytest.mark.parametrize("prologue", [None, "rms_norm", "swiglu"])
+def test_compiled_half_products_widen_to_float32_on_a_cpu_without_that_arithmetic(monkeypatch, prologue):
+    """Where the CPU emulates bfloat16, the compiled graph multiplies in float32 and rounds once: as eager, within bf16."""
+    _compiled_here()
+    from kernels import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "_native_half_product", lambda dtype: False)
+    (x, weight, b), kw = make_inputs((40,), 24, 16, torch.bfloat16, prologue=prologue, residual=True, scale="channel")
+    assert linear_module.widened_on_cpu(x.reshape(-1, x.shape[-1]), weight)
+    out = LINEAR(x, weight, b, backend="compiled", **kw)
+    assert out.dtype == torch.bfloat16
+    assert any(k[-3] for k in linear_module._linear_compiler._compiled if k[:3] == (linear_module.Prologue.parse(prologue), 24, 16))
+    torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.bfloat16])
+    # Without an epilogue the result still comes back in the input's dtype.
+    bare = LINEAR(x, weight, None, backend="compiled", prologue=prologue,
+                  prologue_weight=kw.get("prologue_weight"))
+    assert bare.dtype == torch.bfloat16
+    torch.testing.assert_close(bare, linear_eager(x, weight, None, prologue=prologue,
+                                                  prologue_weight=kw.get("prologue_weight")),
+                               **TOLERANCE[torch.bfloat16])
