@@ -89,6 +89,29 @@ def test_bfloat16_close_to_float32():
     torch.testing.assert_close(low.float(), ref, atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_on_the_cpu_is_float32_arithmetic_rounded_once(dtype):
+    x, conv, norm = make(5, 4, 6, 3, 3, (5, 6), dtype=dtype)
+    kwargs = dict(num_groups=2, silu=True, norm_weight=norm.weight, norm_bias=norm.bias)
+    with torch.no_grad():
+        low = causal_conv3d(x, conv.weight, conv.bias, **kwargs)
+        wide = causal_conv3d(x.float(), conv.weight.float(), conv.bias.float(),
+                             **{k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+    assert low.dtype == dtype and torch.equal(low, wide.to(dtype))
+
+
+@pytest.mark.parametrize("stride,dilation", [(1, 1), ((2, 2, 2), 1), (1, (2, 1, 1))])
+def test_one_frame_equals_the_three_dimensional_convolution(stride, dilation):
+    x, conv, norm = make(6, 4, 6, 3, 1, (7, 6))
+    with torch.no_grad():
+        out = causal_conv3d(x, conv.weight, conv.bias, stride=stride, dilation=dilation)
+        front = (dilation if isinstance(dilation, int) else dilation[0]) * 2
+        padded = F.pad(F.pad(x, (1, 1, 1, 1, 0, 0), mode="reflect"), (0, 0, 0, 0, front, 0))
+        expected = F.conv3d(padded, conv.weight, conv.bias, stride=stride, dilation=dilation)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", [n for n in CONV3D.names() if n != "eager" and CONV3D.backend(n).unavailable_reason() is None])
 def test_backend_parity_with_eager(name):
     # One shape class (the frame count is dynamic, so two frame counts share its compilation).
@@ -117,3 +140,15 @@ def test_bad_arguments_say_what_is_wrong(change, message):
     residual = torch.randn(*change["residual"]) if "residual" in change else None
     with pytest.raises(ValueError, match=message):
         causal_conv3d(x, weight, num_groups=change.get("groups"), residual=residual)
+
+
+def test_only_convolutions_large_enough_to_repay_compiling_are_compiled_automatically():
+    from kernels import conv3d
+
+    compiled = CONV3D.backend("compiled")
+    small = torch.empty(1, 8, 1, 256, 256, device="meta"), torch.empty(8, 8, 3, 3, 3, device="meta")
+    assert "too small" in compiled.worthwhile(*small)
+    # A decoder layer at a real video's size: 128 channels, 17 frames of 96 x 160.
+    large = torch.empty(1, 128, 17, 96, 160, device="meta"), torch.empty(128, 128, 3, 3, 3, device="meta")
+    assert compiled.worthwhile(*large) is None
+    assert 17 * 96 * 160 * 128 * 128 * 27 >= conv3d.MIN_COMPILE_MACS
