@@ -95,11 +95,16 @@ def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 # torch's float32 `mm` on the CPU calls the BLAS it was built with (MKL), which on AMD processors
 # runs a path without AVX-512; oneDNN (already inside torch, and what torch's own bfloat16 product
 # calls) runs AVX-512 wherever the CPU has it. At the H3 step's shapes it is about twice as fast in
-# float32 on the AVX-512 AMD EPYC this was measured on (bench/dit_step.py), with float32 rounding only:
-# the summation order differs, not the precision. Wrapped as a custom op so that inductor calls it
-# as an opaque kernel inside a compiled graph (its own lowering of the mkldnn op expects a prepacked
-# weight). Below ONEDNN_MIN_MACS a product is bound by call overhead, not by the kernel.
+# float32 on the AVX-512 AMD EPYC this was first measured on (bench/dit_step.py), with float32
+# rounding only: the summation order differs, not the precision. Where torch runs at AVX2 (no AVX-512)
+# both libraries run the same width and MKL's is the faster one: oneDNN took 1.04x-1.12x MKL's time at
+# the four Linear shapes of the H3 step (1,060 tokens, 1 and 2 threads; bench/kernels.py's managed
+# section), so the backend is used only on CPUs where torch reports AVX-512 (ONEDNN_CAPABILITIES).
+# Wrapped as a custom op so that inductor calls it as an opaque kernel inside a compiled graph (its
+# own lowering of the mkldnn op expects a prepacked weight). Below ONEDNN_MIN_MACS a product is bound
+# by call overhead, not by the kernel.
 ONEDNN_MIN_MACS = 1 << 22
+ONEDNN_CAPABILITIES = ("AVX512",)  # values of torch.backends.cpu.get_cpu_capability()
 
 
 @torch.library.custom_op("weft::onednn_linear", mutates_args=())
@@ -117,6 +122,9 @@ def _onednn_available() -> str | None:
         return "this torch was built without oneDNN (mkldnn)"
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "this torch has no mkldnn::_linear_pointwise"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ONEDNN_CAPABILITIES:
+        return f"torch runs this CPU at {capability}, where MKL's float32 product is the faster one (no AVX-512)"
     probe = torch.ones(2, 3)
     if not torch.equal(_onednn_linear(probe, torch.ones(4, 3)), torch.full((2, 4), 3.0)):
         return "oneDNN's product gave a wrong result on a probe"

@@ -271,3 +271,13 @@ def test_float32_products_on_the_cpu_go_to_onednn_where_it_runs():
     torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
     (x, weight, b), kw = make_inputs((96,), 256, 256, torch.bfloat16)
     assert "not float32" in LINEAR.backend("onednn").decline_reason(x, weight, b, **kw)
+
+
+def test_onednn_serves_only_cpus_where_torch_runs_avx512(monkeypatch):
+    from kernels.linear import _onednn_available
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert "AVX2" in _onednn_available()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    if torch.backends.mkldnn.is_available():
+        assert _onednn_available() is None
