@@ -359,6 +359,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `weight` may be a kernels.quantized.QuantizedWeight: the call then goes to the quantized
     backends (kernels/quantized_linear.py), whose reference is dequantize-then-`linear_eager`.
     """
+    key = None
+    if type(weight) is torch.Tensor or type(weight) is torch.nn.Parameter:
+        # A call shaped like one already checked and dispatched runs the backend chosen then (see
+        # call_key); inside a compiled region the op is traced, never looked up.
+        key = None if torch.compiler.is_compiling() else call_key(x, weight, bias, prologue, prologue_weight,
+                                                                   residual, residual_scale)
+        chosen = LINEAR.remembered(key) if key is not None else None
+        if chosen is not None:
+            return LINEAR.run_remembered(chosen, key, x, weight, bias, prologue=prologue,
+                                         prologue_weight=prologue_weight, eps=eps, residual=residual,
+                                         residual_scale=residual_scale)
     try:
         prologue = Prologue.parse(prologue)
     except ValueError as error:
@@ -369,4 +380,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return quantized_linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                                 residual=residual, residual_scale=residual_scale)
     return LINEAR(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                  residual=residual, residual_scale=residual_scale)
+                  residual=residual, residual_scale=residual_scale, memo_key=key)
+
+
+def _tensor_key(tensor: torch.Tensor | None):
+    return None if tensor is None else (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
+
+
+def call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | str | None,
+             prologue_weight: torch.Tensor | None, residual: torch.Tensor | None,
+             residual_scale: torch.Tensor | float | None) -> tuple:
+    """What `check_arguments` and every backend's check read of a call: shapes, dtypes, devices, grad state.
+
+    Two calls with equal keys pass or fail the argument checks alike and get the same automatic
+    backend, so `linear` checks and chooses once per key (the registry's memo). A prologue given as an
+    unknown string gets a key too; it is refused when that key is first checked, and never remembered.
+    """
+    scale = (_tensor_key(residual_scale) if isinstance(residual_scale, torch.Tensor)
+             else None if residual_scale is None else float)
+    return (_tensor_key(x), _tensor_key(weight), _tensor_key(bias), prologue, _tensor_key(prologue_weight),
+            _tensor_key(residual), scale, torch.is_grad_enabled())

@@ -281,3 +281,33 @@ def test_onednn_serves_only_cpus_where_torch_runs_avx512(monkeypatch):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     if torch.backends.mkldnn.is_available():
         assert _onednn_available() is None
+
+
+def test_a_call_shaped_like_an_earlier_one_reuses_its_checks_and_choice(monkeypatch):
+    checks = []
+
+    def probe_check(x, weight, bias=None, **_options):
+        checks.append(tuple(x.shape))
+        return None
+
+    LINEAR.register("probe", linear_eager, check=probe_check, before=LINEAR.names()[0])
+    try:
+        (x, weight, b), kw = make_inputs((2, 5), 16, 8, torch.float32, prologue="rms_norm", residual=True)
+        first = linear(x, weight, b, **kw)
+        second = linear(x + 1, weight, b, **kw)  # other values, the same shapes
+        assert checks == [(2, 5, 16)] and LINEAR.last_backend == "probe"
+        torch.testing.assert_close(second, linear_eager(x + 1, weight, b, **kw))
+        assert not torch.equal(first, second)
+        linear(x[:1], weight, b, **{**kw, "residual": kw["residual"][:1]})  # another shape: checked again
+        assert len(checks) == 2
+        monkeypatch.setenv(registry.ENV_VAR, "linear:eager")  # a forced backend is never looked up
+        linear(x, weight, b, **kw)
+        assert LINEAR.last_backend == "eager" and len(checks) == 2
+        monkeypatch.delenv(registry.ENV_VAR)
+        for _ in range(2):  # a refused call is refused every time
+            with pytest.raises(ValueError, match="does not fit weight"):
+                linear(x[..., :15], weight, b, **kw)
+    finally:
+        LINEAR.unregister("probe")
+    linear(x, weight, b, **kw)  # unregistering forgot the choice
+    assert LINEAR.last_backend != "probe"
