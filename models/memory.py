@@ -17,6 +17,11 @@ On a machine without a GPU the same logic runs with host copies standing in for 
 the budget and the accounting (resident, peak resident, bytes moved, evictions) are real and tested.
 With no manager configured, `take` returns the parameters cast to the requested dtype (patches
 applied), which is what tests and small tools want.
+
+A resident model costs nothing for being managed: when a module's unpatched copy becomes resident the
+module is pointed at it (a weak reference in its own __dict__), and each later `take` re-checks only what
+could invalidate that copy (dropped, another dtype, a patch for this module, its tensors replaced or
+changed in place) before pinning it (`MemoryManager._resident_copy`); everything else takes the full path.
 """
 from __future__ import annotations
 
@@ -167,7 +172,7 @@ class MemoryStats:
     evictions: int = 0  # copies dropped to make room (or by lowvram/novram policy)
     takes: int = 0  # take() calls
     hits: int = 0  # take() calls served by a resident copy
-    fast_takes: int = 0  # of the hits, those served by the resident fast path (see MemoryManager.take_named)
+    fast_takes: int = 0  # of the hits, those served by the resident fast path (MemoryManager._resident_copy)
     prefetched_bytes: int = 0  # bytes copied ahead of use by prefetch()
 
 
@@ -194,7 +199,7 @@ class _Entry:
         self.ready = ready  # CUDA event the prefetch stream records; None when ready now
         self.owner = owner  # id() of the manager holding the entry (which outlives it: it owns it)
         self.live = True  # False once dropped
-        # (table, name, source, version) per source: what the fast path checks the module still holds.
+        # (name count, ((table, name, value, version), ...)): what the fast path checks the module still holds.
         self.tables = tables
         self.pair = (tensors.get("weight"), tensors.get("bias"))  # what take() returns
 
