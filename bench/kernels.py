@@ -178,7 +178,9 @@ def managed_overhead(shapes, rounds: int, device: torch.device, dtype: torch.dty
         finally:
             memory.activate(None)
         managed_vs_direct = [m / d for m, d in zip(stats["managed"]["_cpu_all"], stats["direct"]["_cpu_all"])]
+        counters = manager.stats()
         rows.append({"tokens": tokens, "in": in_features, "out": out_features, "backend": chosen,
+                     "fast_takes_share": round(counters.fast_takes / max(1, counters.takes), 3),
                      "managed_over_bare_cpu": stats["managed"]["cpu_ratio"],
                      "managed_over_bare_wall": stats["managed"]["wall_ratio"],
                      "managed_over_direct_cpu": round(statistics.median(managed_vs_direct), 4),
@@ -289,10 +291,12 @@ def main() -> None:
     managed = managed_overhead(H3_STEP_SHAPES[:1] if args.quick else H3_STEP_SHAPES, managed_rounds, device, dtype)
     print(f"resident managed Linear (models.ops.Linear under a memory manager) at the H3 step's shapes, "
           f"{managed_rounds} rounds; ratios of CPU time, median over rounds")
-    print(f"{'tokens':>6} {'in':>5} {'out':>5} {'backend':>9} {'bare ms':>8} {'managed/bare':>13} {'managed/direct':>15}")
+    print(f"{'tokens':>6} {'in':>5} {'out':>5} {'backend':>9} {'bare ms':>8} {'managed/bare':>13} {'managed/direct':>15} "
+          f"{'fast takes':>11}")
     for row in managed:
         print(f"{row['tokens']:>6} {row['in']:>5} {row['out']:>5} {row['backend']:>9} {row['bare_cpu_ms']:>8.1f} "
-              f"{row['managed_over_bare_cpu']:>12.3f}x {row['managed_over_direct_cpu']:>14.3f}x")
+              f"{row['managed_over_bare_cpu']:>12.3f}x {row['managed_over_direct_cpu']:>14.3f}x "
+              f"{row['fast_takes_share']:>10.1%}")
     fixed = fixed_cost_per_call(device, dtype)
     print(f"fixed cost per call (1 row x 64 features, CPU time): bare F.linear {fixed['bare']:.1f} us, "
           f"managed Linear {fixed['managed']:.1f} us")

@@ -99,13 +99,16 @@ def check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 # torch's float32 `mm` on the CPU calls the BLAS it was built with (MKL), which on AMD processors
 # runs a path without AVX-512; oneDNN (already inside torch, and what torch's own bfloat16 product
 # calls) runs AVX-512 wherever the CPU has it. At the H3 step's shapes it is about twice as fast in
-# float32 on the AVX-512 AMD EPYC this was measured on (bench/dit_step.py), with float32 rounding only:
-# the summation order differs, not the precision. On a CPU without AVX-512 both run AVX2 code and
-# MKL's is the faster (about 1.2x at the H3 step's shapes on an AVX2 EPYC), so oneDNN is chosen only
-# where torch reports AVX-512. Wrapped as a custom op so that inductor calls it as an opaque kernel
-# inside a compiled graph (its own lowering of the mkldnn op expects a prepacked weight). Below
-# ONEDNN_MIN_MACS a product is bound by call overhead, not by the kernel.
+# float32 on the AVX-512 AMD EPYC this was first measured on (bench/dit_step.py), with float32
+# rounding only: the summation order differs, not the precision. Where torch runs at AVX2 (no AVX-512)
+# both libraries run the same width and MKL's is the faster one: oneDNN took 1.04x-1.12x MKL's time at
+# the four Linear shapes of the H3 step (1,060 tokens, 1 and 2 threads; bench/kernels.py's managed
+# section), so the backend is used only on CPUs where torch reports AVX-512 (ONEDNN_CAPABILITIES).
+# Wrapped as a custom op so that inductor calls it as an opaque kernel inside a compiled graph (its
+# own lowering of the mkldnn op expects a prepacked weight). Below ONEDNN_MIN_MACS a product is bound
+# by call overhead, not by the kernel.
 ONEDNN_MIN_MACS = 1 << 22
+ONEDNN_CAPABILITIES = ("AVX512",)  # values of torch.backends.cpu.get_cpu_capability()
 
 
 @torch.library.custom_op("weft::onednn_linear", mutates_args=())
@@ -123,24 +126,19 @@ def _onednn_available() -> str | None:
         return "this torch was built without oneDNN (mkldnn)"
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "this torch has no mkldnn::_linear_pointwise"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ONEDNN_CAPABILITIES:
+        return f"torch runs this CPU at {capability}, where MKL's float32 product is the faster one (no AVX-512)"
     probe = torch.ones(2, 3)
     if not torch.equal(_onednn_linear(probe, torch.ones(4, 3)), torch.full((2, 4), 3.0)):
         return "oneDNN's product gave a wrong result on a probe"
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_lacks_avx512() -> str | None:
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability.startswith("AVX512"):
-        return None
-    return f"the CPU runs {capability} code, not AVX-512, where torch's own float32 product is the faster"
-
-
 def onednn_capable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the product of x (M, K) and weight (N, K) goes to oneDNN: CPU with AVX-512, float32, oneDNN present."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.device.type == "cpu" and _onednn.unavailable_reason() is None and _cpu_lacks_avx512() is None)
+            and weight.device.type == "cpu" and _onednn.unavailable_reason() is None)
 
 
 # A CPU without native bfloat16 (or float16) arithmetic (no AVX512-BF16 / AMX; what oneDNN reports)
@@ -190,8 +188,6 @@ def _onednn_check(x, weight, bias=None, *, prologue=None, prologue_weight=None, 
 
 
 def _onednn_worthwhile(x, weight, bias=None, **_options) -> str | None:
-    if (reason := _cpu_lacks_avx512()) is not None:
-        return reason
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     macs = rows * weight.shape[0] * weight.shape[1]
     if macs < ONEDNN_MIN_MACS:
@@ -389,6 +385,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `weight` may be a kernels.quantized.QuantizedWeight: the call then goes to the quantized
     backends (kernels/quantized_linear.py), whose reference is dequantize-then-`linear_eager`.
     """
+    key = None
+    if type(weight) is torch.Tensor or type(weight) is torch.nn.Parameter:
+        # A call shaped like one already checked and dispatched runs the backend chosen then (see
+        # call_key); inside a compiled region the op is traced, never looked up.
+        key = None if torch.compiler.is_compiling() else call_key(x, weight, bias, prologue, prologue_weight,
+                                                                   residual, residual_scale)
+        chosen = LINEAR.remembered(key) if key is not None else None
+        if chosen is not None:
+            return LINEAR.run_remembered(chosen, key, x, weight, bias, prologue=prologue,
+                                         prologue_weight=prologue_weight, eps=eps, residual=residual,
+                                         residual_scale=residual_scale)
     try:
         prologue = Prologue.parse(prologue)
     except ValueError as error:
@@ -399,4 +406,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return quantized_linear(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
                                 residual=residual, residual_scale=residual_scale)
     return LINEAR(x, weight, bias, prologue=prologue, prologue_weight=prologue_weight, eps=eps,
-                  residual=residual, residual_scale=residual_scale)
+                  residual=residual, residual_scale=residual_scale, memo_key=key)
+
+
+def _tensor_key(tensor: torch.Tensor | None):
+    return None if tensor is None else (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
+
+
+def call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | str | None,
+             prologue_weight: torch.Tensor | None, residual: torch.Tensor | None,
+             residual_scale: torch.Tensor | float | None) -> tuple:
+    """What `check_arguments` and every backend's check read of a call: shapes, dtypes, devices, grad state.
+
+    Two calls with equal keys pass or fail the argument checks alike and get the same automatic
+    backend, so `linear` checks and chooses once per key (the registry's memo). A prologue given as an
+    unknown string gets a key too; it is refused when that key is first checked, and never remembered.
+    """
+    scale = (_tensor_key(residual_scale) if isinstance(residual_scale, torch.Tensor)
+             else None if residual_scale is None else float)
+    return (_tensor_key(x), _tensor_key(weight), _tensor_key(bias), prologue, _tensor_key(prologue_weight),
+            _tensor_key(residual), scale, torch.is_grad_enabled())

@@ -155,6 +155,36 @@ def rotate_rows(rows: torch.Tensor, group: int) -> torch.Tensor:
     return torch.matmul(grouped, h.T).reshape(rows.shape)
 
 
+# Measured on a 2-core AVX2 AMD EPYC, float32, 1,060 rows, one thread: group 256 (3,584 columns)
+# 34 ms -> 11 ms factored; groups 16 and 64 (1,344 columns) 4 ms -> 16-23 ms, so they keep one product.
+FACTORED_ROTATION_MIN_GROUP = 256
+
+
+def rotate_rows_factored(rows: torch.Tensor, group: int) -> torch.Tensor:
+    """rotate_rows(rows, group) through two small products instead of one: same values up to float rounding.
+
+    hadamard(G) is a Kronecker power of the 4x4 seed, so it splits as hadamard(a) (x) hadamard(b) with
+    a * b = G. Seen as an (a, b) matrix V (column c of the group at row c // b, column c % b), a
+    group's rotation H v is then hadamard(a) @ V @ hadamard(b).T: 2 (a + b) multiply-adds per value
+    instead of 2 G (for G = 256: 64 instead of 512). Below FACTORED_ROTATION_MIN_GROUP the small
+    batched products cost more than they save, and `rotate_rows` runs instead. The dequantizing int8
+    product rotates its activation this way; decoding a weight keeps `rotate_rows`, whose summation
+    order matches comfy-kitchen's reference bit for bit.
+    """
+    features = rows.shape[-1]
+    if features % group:
+        raise ValueError(f"rotation group {group} does not divide the {features} columns")
+    if group < FACTORED_ROTATION_MIN_GROUP:
+        return rotate_rows(rows, group)
+    power = group.bit_length() // 2  # group = 4 ** power
+    outer = 4 ** (power // 2)
+    inner = group // outer
+    h_outer = hadamard(outer, device=rows.device, dtype=rows.dtype)
+    h_inner = hadamard(inner, device=rows.device, dtype=rows.dtype)
+    grouped = rows.reshape(-1, outer, inner)  # (groups of all rows, a, b)
+    return torch.matmul(torch.matmul(h_outer, grouped), h_inner.T).reshape(rows.shape)
+
+
 # ----------------------------------------------------------------------------------------------
 # Decoding
 

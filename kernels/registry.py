@@ -12,6 +12,12 @@ The choice can be forced, most specific first:
      parsed only when its value changes (`backend_override()`);
   3. `disable_fused_kernels()` (`--disable-fused-kernels`): every op runs `eager`.
 A forced backend that cannot run the call raises ValueError saying why; it never falls back silently.
+
+An op may pass `memo_key=`: a hashable summary of the call holding everything its backends' `check`
+and `worthwhile` read (devices, dtypes, shapes, grad and compile state). The automatic choice made for
+one key is remembered and reused for later calls with the same key, without running the checks again
+(a model calls the same shapes every step). A forced backend never uses or fills the memo; registering
+or unregistering a backend clears it, and a backend that gives up (BackendUnavailable) is forgotten.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import torch
 from kernels.options import FAST_OPTIONS  # defined torch-free for the command line
 
 ENV_VAR = "WEFT_KERNEL_BACKEND"
+MEMO_LIMIT = 4096  # remembered choices per op
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +170,7 @@ class KernelRegistry:
         self.op = op
         self._backends: list[Backend] = []
         self._local = threading.local()
+        self._memo: dict[Any, Backend] = {}  # memo_key -> the automatic choice (see the module docstring)
         _registries[op] = self
 
     def register(self, name: str, fn: Callable[..., Any], *, check: Callable[..., str | None] | None = None,
@@ -178,11 +186,13 @@ class KernelRegistry:
             if index is None:
                 raise ValueError(f"kernel op {self.op!r} has no backend {before!r} to insert {name!r} before")
         self._backends.insert(index, backend)
+        self._memo = {}
         return backend
 
     def unregister(self, name: str) -> None:
         """Remove a backend (tests register temporary ones)."""
         self._backends = [b for b in self._backends if b.name != name]
+        self._memo = {}
 
     def names(self) -> list[str]:
         """Backend names in priority order."""
@@ -216,7 +226,25 @@ class KernelRegistry:
             return "eager", "--disable-fused-kernels"
         return None, ""
 
-    def __call__(self, *args, backend: str | None = None, **kwargs):
+    def remembered(self, memo_key: Any) -> Backend | None:
+        """The automatic choice remembered for `memo_key`, when no backend is forced now (else None)."""
+        chosen = self._memo.get(memo_key)
+        if chosen is None or self.forced_backend()[0] is not None:
+            return None
+        return chosen
+
+    def run_remembered(self, chosen: Backend, memo_key: Any, *args, **kwargs):
+        """Run `chosen` (from `remembered`); if it gives up, forget it and choose again."""
+        try:
+            result = chosen.fn(*args, **kwargs)
+        except BackendUnavailable as error:
+            logger.warning("kernel %s: backend %s gave up (%s); choosing again", self.op, chosen.name, error)
+            self._memo.pop(memo_key, None)
+            return self(*args, memo_key=memo_key, **kwargs)
+        self._local.last = chosen.name
+        return result
+
+    def __call__(self, *args, backend: str | None = None, memo_key: Any = None, **kwargs):
         forced, source = self.forced_backend(backend)
         if forced is not None:
             chosen = self.backend(forced)
@@ -240,6 +268,10 @@ class KernelRegistry:
                 logger.warning("kernel %s: backend %s gave up (%s); trying the next", self.op, candidate.name, error)
                 continue
             self._local.last = candidate.name
+            if memo_key is not None:
+                if len(self._memo) >= MEMO_LIMIT:  # shapes that keep changing: start over rather than grow
+                    self._memo = {}
+                self._memo[memo_key] = candidate
             return result
         raise ValueError(f"kernel {self.op!r}: no backend can run this call (tried {self.names()})")
 

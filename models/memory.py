@@ -17,6 +17,11 @@ On a machine without a GPU the same logic runs with host copies standing in for 
 the budget and the accounting (resident, peak resident, bytes moved, evictions) are real and tested.
 With no manager configured, `take` returns the parameters cast to the requested dtype (patches
 applied), which is what tests and small tools want.
+
+A resident model costs nothing for being managed: when a module's unpatched copy becomes resident the
+module is pointed at it (a weak reference in its own __dict__), and each later `take` re-checks only what
+could invalidate that copy (dropped, another dtype, a patch for this module, its tensors replaced or
+changed in place) before pinning it (`MemoryManager._resident_copy`); everything else takes the full path.
 """
 from __future__ import annotations
 
@@ -167,15 +172,22 @@ class MemoryStats:
     evictions: int = 0  # copies dropped to make room (or by lowvram/novram policy)
     takes: int = 0  # take() calls
     hits: int = 0  # take() calls served by a resident copy
+    fast_takes: int = 0  # of the hits, those served by the resident fast path (MemoryManager._resident_copy)
     prefetched_bytes: int = 0  # bytes copied ahead of use by prefetch()
+
+
+# The attribute (in the module's own __dict__) through which a module finds its unpatched resident copy:
+# a weak reference to the `_Entry`, so a module never keeps a dropped copy or its manager alive.
+_RESIDENT = "_weft_resident_copy"
 
 
 class _Entry:
     """One module's weights resident on the device in one dtype under one patch set."""
 
-    __slots__ = ("key", "module_ref", "tensors", "nbytes", "pins", "sources", "patch_map", "ready")
+    __slots__ = ("key", "module_ref", "tensors", "nbytes", "pins", "sources", "patch_map", "ready", "owner",
+                 "live", "tables", "pair", "__weakref__")
 
-    def __init__(self, key, module_ref, tensors, nbytes, sources, patch_map, ready):
+    def __init__(self, key, module_ref, tensors, nbytes, sources, patch_map, ready, owner, tables):
         self.key = key
         self.module_ref = module_ref
         self.tensors: dict[str, torch.Tensor] = tensors
@@ -185,6 +197,19 @@ class _Entry:
         self.sources: tuple[tuple[torch.Tensor, int], ...] = sources
         self.patch_map = patch_map  # held so its id cannot be reused while the entry lives
         self.ready = ready  # CUDA event the prefetch stream records; None when ready now
+        self.owner = owner  # id() of the manager holding the entry (which outlives it: it owns it)
+        self.live = True  # False once dropped
+        # (name count, ((table, name, value, version), ...)): what the fast path checks the module still holds.
+        self.tables = tables
+        self.pair = (tensors.get("weight"), tensors.get("bias"))  # what take() returns
+
+
+def _source_tables(module: nn.Module) -> tuple[int, tuple]:
+    """What the resident fast path re-checks: how many names the module's two tables hold, and
+    (table, name, value, version) for each (a None value, such as an absent bias, included)."""
+    tables = tuple((table, name, value, value._version if value is not None else 0)
+                   for table in (module._parameters, module._buffers) for name, value in table.items())
+    return len(tables), tables
 
 
 class MemoryManager:
@@ -241,6 +266,51 @@ class MemoryManager:
             return self.free_bytes()
 
     # -- take / release ------------------------------------------------------------------------
+    def _resident_copy(self, module: nn.Module, dtype: torch.dtype | None) -> _Entry | None:
+        """The fast path: `module`'s unpatched resident copy in `dtype` when nothing about it changed, else None.
+
+        Decided once, when the copy became resident (`_acquire` points the module at it); per call this
+        only re-checks what could invalidate it: the copy was dropped (evicted, streamed out, novram), the
+        module is another one (a copy of it), another dtype is asked for, a patch or a prefetch is pending,
+        or the module's tensors were replaced or changed in place. Anything else takes `_acquire`.
+        """
+        ref = module.__dict__.get(_RESIDENT)
+        entry = ref() if ref is not None else None
+        if entry is None or not entry.live or entry.owner != id(self) or entry.ready is not None:
+            return None
+        stored_dtype = entry.key[1]
+        if stored_dtype is not None and stored_dtype is not (dtype if dtype is not None else self.dtype):
+            return None
+        if entry.module_ref() is not module:
+            return None
+        if stored_dtype is not None:  # a float module: patches apply at take time (quantized ones patch at their op)
+            patch_map = active_patch_map()
+            if patch_map and id(module) in patch_map:
+                return None
+        count, tables = entry.tables
+        if len(module._parameters) + len(module._buffers) != count:
+            return None
+        for table, name, value, version in tables:
+            if table.get(name) is not value or (value is not None and value._version != version):
+                return None
+        return entry
+
+    def take_resident(self, module: nn.Module, *, dtype: torch.dtype | None = None
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`take(module)` (weight, bias), through the resident fast path when it holds."""
+        entry = self._resident_copy(module, dtype)
+        if entry is not None:
+            with self._lock:
+                if entry.live:
+                    entry.pins += 1
+                    self._entries.move_to_end(entry.key)
+                    stats = self._stats
+                    stats.takes += 1
+                    stats.hits += 1
+                    stats.fast_takes += 1
+                    return entry.pair
+        return self.take(module, dtype=dtype)
+
     def take_named(self, module: nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Hold `module`'s own parameters and buffers on the device in `dtype` (default: compute dtype)."""
         with self._lock:
@@ -268,6 +338,12 @@ class MemoryManager:
         """Stop holding `module`'s weights; they stay resident (except in novram mode) until evicted."""
         with self._lock:
             keys = self._keys_by_module.get(id(module), ())
+            if len(keys) == 1 and self.mode is not MemoryMode.NO_VRAM:  # one copy: nothing to choose between
+                ref = module.__dict__.get(_RESIDENT)
+                entry = ref() if ref is not None else None
+                if entry is not None and entry.live and entry.pins > 0 and entry.owner == id(self):
+                    entry.pins -= 1
+                    return
             held = [self._entries[key] for key in keys if self._entries[key].pins > 0]
             if not held:
                 raise ValueError(f"release() of a {type(module).__name__} whose weights are not held (take() first)")
@@ -296,6 +372,8 @@ class MemoryManager:
                 self._entries.move_to_end(key)
                 if not prefetch:
                     self._stats.hits += 1
+                if not patched:
+                    module.__dict__[_RESIDENT] = weakref.ref(entry)  # the copy asked for last serves the fast path
                 return entry
             if entry.pins:
                 raise ValueError(f"the weights of a {type(module).__name__} changed while they were held")
@@ -321,8 +399,11 @@ class MemoryManager:
                        for name, src in sources}
         moved = sum(src.numel() * src.element_size() for _name, src in sources)
         entry = _Entry(key, weakref.ref(module, self._forget_callback(id(module))), tensors, nbytes,
-                       tuple((src, src._version) for _name, src in sources), patch_map if patched else None, ready)
+                       tuple((src, src._version) for _name, src in sources), patch_map if patched else None, ready,
+                       id(self), _source_tables(module))
         self._entries[key] = entry
+        if not patched:
+            module.__dict__[_RESIDENT] = weakref.ref(entry)  # the fast path's decision (see _resident_copy)
         self._keys_by_module.setdefault(id(module), set()).add(key)
         stats = self._stats
         stats.resident_bytes += nbytes
@@ -348,6 +429,7 @@ class MemoryManager:
 
     def _drop(self, entry: _Entry, *, counted: bool) -> None:
         del self._entries[entry.key]
+        entry.live = False
         keys = self._keys_by_module.get(entry.key[0])
         if keys is not None:
             keys.discard(entry.key)
@@ -534,6 +616,9 @@ def take_named(module: nn.Module, *, dtype: torch.dtype | None = None) -> dict[s
 
 def take(module: nn.Module, *, dtype: torch.dtype | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """`(weight, bias)` of `module` ready for its op; pair every take with a release(module)."""
+    runtime = _current()
+    if runtime is not None:
+        return runtime.take_resident(module, dtype=dtype)
     tensors = take_named(module, dtype=dtype)
     return tensors.get("weight"), tensors.get("bias")
 

@@ -263,18 +263,11 @@ def test_compiled_uses_the_weights_of_each_call():
 
 
 def test_float32_products_on_the_cpu_go_to_onednn_where_it_runs():
-    from kernels.linear import _cpu_lacks_avx512
-
-    if LINEAR.backend("onednn").unavailable_reason() is not None:
+    if LINEAR.backend("onednn").unavailable_reason() is not None:  # e.g. an AVX2 CPU, where MKL is the faster
         pytest.skip(f"oneDNN unavailable: {LINEAR.backend('onednn').unavailable_reason()}")
     (x, weight, b), kw = make_inputs((96,), 256, 256, torch.float32, residual=True)  # 6.3M multiply-adds
     out = linear(x, weight, b, **kw)
-    if _cpu_lacks_avx512() is None:
-        assert LINEAR.last_backend == "onednn"
-    else:  # without AVX-512 torch's own product is the faster: oneDNN runs only when forced
-        assert LINEAR.last_backend != "onednn"
-        assert "AVX-512" in LINEAR.backend("onednn").worthwhile(x, weight, b, **kw)
-        out = LINEAR(x, weight, b, backend="onednn", **kw)
+    assert LINEAR.last_backend == "onednn"
     torch.testing.assert_close(out, linear_eager(x, weight, b, **kw), **TOLERANCE[torch.float32])
     (x, weight, b), kw = make_inputs((96,), 256, 256, torch.bfloat16)
     assert "not float32" in LINEAR.backend("onednn").decline_reason(x, weight, b, **kw)
@@ -300,3 +293,42 @@ def test_compiled_half_products_widen_to_float32_on_a_cpu_without_that_arithmeti
     torch.testing.assert_close(bare, linear_eager(x, weight, None, prologue=prologue,
                                                   prologue_weight=kw.get("prologue_weight")),
                                **TOLERANCE[torch.bfloat16])
+
+def test_onednn_serves_only_cpus_where_torch_runs_avx512(monkeypatch):
+    from kernels.linear import _onednn_available
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert "AVX2" in _onednn_available()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    if torch.backends.mkldnn.is_available():
+        assert _onednn_available() is None
+
+
+def test_a_call_shaped_like_an_earlier_one_reuses_its_checks_and_choice(monkeypatch):
+    checks = []
+
+    def probe_check(x, weight, bias=None, **_options):
+        checks.append(tuple(x.shape))
+        return None
+
+    LINEAR.register("probe", linear_eager, check=probe_check, before=LINEAR.names()[0])
+    try:
+        (x, weight, b), kw = make_inputs((2, 5), 16, 8, torch.float32, prologue="rms_norm", residual=True)
+        first = linear(x, weight, b, **kw)
+        second = linear(x + 1, weight, b, **kw)  # other values, the same shapes
+        assert checks == [(2, 5, 16)] and LINEAR.last_backend == "probe"
+        torch.testing.assert_close(second, linear_eager(x + 1, weight, b, **kw))
+        assert not torch.equal(first, second)
+        linear(x[:1], weight, b, **{**kw, "residual": kw["residual"][:1]})  # another shape: checked again
+        assert len(checks) == 2
+        monkeypatch.setenv(registry.ENV_VAR, "linear:eager")  # a forced backend is never looked up
+        linear(x, weight, b, **kw)
+        assert LINEAR.last_backend == "eager" and len(checks) == 2
+        monkeypatch.delenv(registry.ENV_VAR)
+        for _ in range(2):  # a refused call is refused every time
+            with pytest.raises(ValueError, match="does not fit weight"):
+                linear(x[..., :15], weight, b, **kw)
+    finally:
+        LINEAR.unregister("probe")
+    linear(x, weight, b, **kw)  # unregistering forgot the choice
+    assert LINEAR.last_backend != "probe"

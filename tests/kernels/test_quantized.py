@@ -8,7 +8,7 @@ import torch
 from comfy_kitchen.backends.eager import quantization as kitchen
 
 from kernels.quantized import (QuantizedWeight, WeightFormat, embedding_rows, hadamard, rotate_rows,
-                               swizzle_block_scales, unswizzle_block_scales)
+                               rotate_rows_factored, swizzle_block_scales, unswizzle_block_scales)
 
 SHAPES = [(256, 512), (96, 64), (40, 48), (130, 32)]
 
@@ -140,3 +140,15 @@ def test_rotation_applies_per_group_of_columns():
     h = hadamard(16)
     torch.testing.assert_close(rotated[:, 16:], x[:, 16:] @ h.T)
     torch.testing.assert_close(rotate_rows(rotated, 16), x, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("group", [4, 16, 64, 256, 1024])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_factored_rotation_equals_the_single_product(group, dtype):
+    x = torch.randn(3, 5, 2 * group, generator=torch.Generator().manual_seed(group)).to(dtype)
+    expected = rotate_rows(x.float(), group)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(rotate_rows_factored(x, group).float(), expected, rtol=0,
+                               atol=tolerance * expected.abs().max().item())
+    with pytest.raises(ValueError, match="does not divide"):
+        rotate_rows_factored(torch.randn(2, group + 2), group)

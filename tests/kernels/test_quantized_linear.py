@@ -4,7 +4,9 @@ import torch
 
 from kernels.linear import linear
 from kernels.quantized import QuantizedWeight, WeightFormat
-from kernels.quantized_linear import QUANTIZED_LINEAR, quantized_linear_eager, quantized_linear_fp8
+from kernels.linear import LINEAR
+from kernels.quantized_linear import (QUANTIZED_LINEAR, dequantize_int8_stored, quantized_linear_eager,
+                                      quantized_linear_fp8)
 from models.quant.writer import encode_float8, encode_int8, encode_nvfp4
 
 
@@ -26,8 +28,8 @@ def test_int8_backend_is_within_activation_rounding_of_the_reference(group, dtyp
     x = torch.randn(3, 9, 128, generator=_gen(1)).to(dtype)
     bias = torch.randn(48, generator=_gen(2)).to(dtype)
     residual = torch.randn(3, 9, 48, generator=_gen(3)).to(dtype)
-    fast = linear(x, weight, bias, residual=residual, **options)
-    assert QUANTIZED_LINEAR.last_backend == "int8" and fast.dtype == dtype
+    fast = QUANTIZED_LINEAR(x, weight, bias, residual=residual, backend="int8", **options)
+    assert fast.dtype == dtype
     reference = QUANTIZED_LINEAR(x, weight, bias, residual=residual, backend="eager", **options)
     # Per-token int8 activations round each value by at most 1/254 of the token's largest one.
     scale = (reference - residual).abs().max()
@@ -101,3 +103,53 @@ def test_compiled_int8_backend_matches_the_eager_int8_backend():
     # Same arithmetic; only the rotation's summation order and the rounding of exact ties may differ.
     torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-2 * (eager - residual).abs().max().item())
     assert QUANTIZED_LINEAR.backend("int8_compiled").worthwhile(x, weight) is not None  # too small to compile by itself
+
+
+@pytest.mark.parametrize("group", [0, 16, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [{}, {"prologue": "rms_norm"}, {"prologue": "swiglu", "residual_scale": 0.3}])
+def test_cpu_int8_goes_to_the_dequantizing_product_within_rounding_of_the_reference(group, dtype, options):
+    weight = _int8(40, 512, group)
+    width = 1024 if options.get("prologue") == "swiglu" else 512
+    x = torch.randn(2, 7, width, generator=_gen(15)).to(dtype)
+    bias = torch.randn(40, generator=_gen(16)).to(dtype)
+    residual = torch.randn(2, 7, 40, generator=_gen(17)).to(dtype)
+    if "prologue_weight" not in options and options.get("prologue") == "rms_norm":
+        options = {**options, "prologue_weight": (1 + 0.1 * torch.randn(512, generator=_gen(18))).to(dtype)}
+    fast = linear(x, weight, bias, residual=residual, **options)
+    assert QUANTIZED_LINEAR.last_backend == "int8_dequantized" and fast.dtype == dtype
+    reference = QUANTIZED_LINEAR(x, weight, bias, residual=residual, backend="eager", **options)
+    # The same weight values; the fast path works in float32, the reference in x's dtype (bfloat16
+    # rounds the prologue's output, the product and the result: about 2^-8 of each).
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (fast.float() - reference.float()).abs().max() < tolerance * (reference.float() - residual.float()).abs().max()
+    alone = linear(x, weight, bias, **options)  # no residual: the output takes x's dtype
+    alone_reference = QUANTIZED_LINEAR(x, weight, bias, backend="eager", **options)
+    assert alone.dtype == dtype
+    assert (alone.float() - alone_reference.float()).abs().max() < tolerance * alone_reference.float().abs().max()
+
+
+def test_dequantizing_product_reuses_one_buffer_and_never_returns_stale_values():
+    big, small = _int8(64, 128, 16, seed=20), _int8(16, 64, 0, seed=21)
+    first = dequantize_int8_stored(big)
+    torch.testing.assert_close(first, big.data.float() * big.scale.float())
+    pointer = first.data_ptr()
+    second = dequantize_int8_stored(small)  # smaller: the same memory, overwritten
+    assert second.data_ptr() == pointer
+    torch.testing.assert_close(second, small.data.float() * small.scale.float())
+    x = torch.randn(3, 128, generator=_gen(22))
+    for weight, features in ((big, 128), (small, 64), (big, 128)):
+        out = linear(x[:, :features], weight)
+        assert QUANTIZED_LINEAR.last_backend == "int8_dequantized"
+        torch.testing.assert_close(out, x[:, :features] @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_dequantizing_product_serves_the_cpu_only_and_never_the_full_precision_marker():
+    backend = QUANTIZED_LINEAR.backend("int8_dequantized")
+    weight = _int8(32, 64)
+    assert "CPU" in backend.decline_reason(torch.empty(4, 64, device="meta"), weight)
+    assert "full_precision" in backend.decline_reason(torch.randn(4, 64), _int8(32, 64, full_precision=True))
+    assert backend.decline_reason(torch.randn(4, 64), weight) is None
+    # The float product it hands to is the float Linear's own choice, decided like any float32 call.
+    linear(torch.randn(4, 64), weight)
+    assert LINEAR.last_backend is not None

@@ -207,3 +207,49 @@ def test_unconfigured_take_returns_the_parameters_and_defaults_are_decided_in_on
     assert memory.compute_dtype() == torch.bfloat16 and memory.compute_device() == torch.device("cpu")
     assert memory.take(layer)[0].dtype == torch.bfloat16
     memory.release(layer)
+
+
+@torch.no_grad()
+def test_a_resident_linear_takes_the_fast_path_and_leaves_it_when_anything_changes():
+    import copy
+
+    layer = ops.Linear(8, 4)
+    x = torch.randn(3, 8)
+    expected = layer(x)
+    manager = memory.configure(device="cpu", mode="highvram")
+
+    def run_and_count(module=layer, inputs=x):
+        before = manager.stats().fast_takes
+        out = module(inputs)
+        return out, manager.stats().fast_takes - before
+
+    assert run_and_count()[1] == 0  # the first take makes the copy resident
+    out, fast = run_and_count()
+    assert fast == 1 and torch.equal(out, expected)
+
+    delta = torch.randn(4, 8)
+    with patches_active({id(layer): {"weight": [(lambda shape, dtype, device: delta.to(device, dtype), 1.0)]}}):
+        out, fast = run_and_count()
+    assert fast == 0 and torch.allclose(out, expected + x @ delta.T, atol=1e-6)
+    assert run_and_count()[1] == 1  # the patch set is gone: the unpatched copy serves again
+
+    assert run_and_count(inputs=x.bfloat16())[1] == 0  # another dtype is another copy
+    manager.evict(layer)
+    assert run_and_count()[1] == 0 and run_and_count()[1] == 1  # evicted: taken again, then fast
+
+    layer.weight.mul_(2)  # changed in place: the resident copy is stale
+    out, fast = run_and_count()
+    assert fast == 0 and torch.allclose(out - layer.bias, 2 * (expected - layer.bias), atol=1e-6)
+    layer.bias = nn.Parameter(torch.zeros(4))  # replaced: likewise
+    out, fast = run_and_count()
+    assert fast == 0 and torch.allclose(out, x @ layer.weight.T, atol=1e-6)
+
+    twin = copy.deepcopy(layer)  # carries the reference to the original's copy in its __dict__
+    twin.weight.mul_(3)
+    out, fast = run_and_count(module=twin)
+    assert fast == 0 and torch.allclose(out, x @ twin.weight.T, atol=1e-6)
+
+    streamed = memory.configure(device="cpu", mode="novram")  # nothing stays resident between ops
+    layer(x)
+    layer(x)
+    assert streamed.stats().fast_takes == 0 and streamed.stats().resident_bytes == 0
