@@ -40,10 +40,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The int8 product's eager stages, not their torch.compile'd twins: compiling them takes minutes of a
-# shared 2-core CPU and once more for each new shape class, which would swamp a two-minute run. Both
-# routes share that product, so the ratios compare what the adapter adds. Set the variable to override.
-os.environ.setdefault("WEFT_KERNEL_BACKEND", "quantized_linear:int8")
+# The int8 product Weft runs on a CPU (decode into a float32 buffer, then the float32 product; see
+# kernels/quantized_linear.py), never its torch.compile'd twin: compiling takes minutes of a shared 2-core
+# CPU per shape class, which would swamp a two-minute run. Every route shares that product, so the ratios
+# compare what the adapter adds. Set the variable to override (e.g. quantized_linear:int8 for _int_mm).
+os.environ.setdefault("WEFT_KERNEL_BACKEND", "quantized_linear:int8_dequantized")
 
 from models import memory, ops  # noqa: E402
 from models.adapters import load_adapter  # noqa: E402

@@ -304,3 +304,22 @@ def test_adapters_on_a_quantized_token_table_add_their_rows_without_dequantizing
     _close([got], [want])
     assert (got - net(ids)).abs().max() > 1e-2
     assert_unchanged(net, before)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bfloat16_side_product_runs_in_float32_where_the_cpu_lacks_bfloat16_arithmetic(monkeypatch, native):
+    from kernels import linear as linear_module
+    from models.adapters.lora import LoraDelta
+
+    monkeypatch.setattr(linear_module, "_native_half_product", lambda dtype: native)
+    torch.manual_seed(0)
+    delta = LoraDelta(up=torch.randn(24, 4).bfloat16(), down=torch.randn(4, 16).bfloat16(), alpha=torch.tensor(2.0))
+    h = torch.randn(5, 16).bfloat16()
+    out = delta.side_product(h, 0.75)
+    assert out.dtype == torch.bfloat16
+    wide = F.linear(F.linear(h.float(), delta.down.float()) * (0.75 * delta.scale), delta.up.float()).bfloat16()
+    if native:  # the products themselves in bfloat16
+        low = F.linear(F.linear(h, delta.down) * (0.75 * delta.scale), delta.up)
+        assert torch.equal(out, low)
+    else:
+        assert torch.equal(out, wide)
