@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.linear import widened_on_cpu
 from models.adapters.base import RankedDelta, side_factors
 
 
@@ -78,14 +77,11 @@ class LoraDelta(RankedDelta):
     def side_product(self, h: torch.Tensor, alpha: float) -> torch.Tensor:
         if self.mid is not None:
             return super().side_product(h, alpha)
-        # A CPU without half-precision arithmetic emulates it several times slower than float32: there
-        # the two thin products run in float32 (the factors are converted per call on the CPU anyway).
-        work = torch.float32 if widened_on_cpu(h, h) else h.dtype
-        factors = side_factors(self, h.device, work)
+        factors = side_factors(self, h.device, h.dtype)
         down = factors["down"].reshape(self.down.shape[0], -1)  # (r, in)
         up = factors["up"].reshape(self.up.shape[0], self.up.shape[1])  # (out, r)
         # The scale goes on the rank-wide middle, the smallest tensor of the three products.
-        return F.linear(F.linear(h.to(work), down) * (alpha * self.scale), up).to(h.dtype)  # (..., out)
+        return F.linear(F.linear(h, down) * (alpha * self.scale), up)  # (..., out)
 
     def delta_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.mid is not None or self.up.dim() != 2 or self.down.dim() != 2:

@@ -307,19 +307,23 @@ def test_adapters_on_a_quantized_token_table_add_their_rows_without_dequantizing
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_a_bfloat16_side_product_runs_in_float32_where_the_cpu_lacks_bfloat16_arithmetic(monkeypatch, native):
+def test_bfloat16_side_products_run_in_float32_where_the_cpu_lacks_bfloat16_arithmetic(monkeypatch, native):
     from kernels import linear as linear_module
+    from models.adapters.base import WeightPatch
     from models.adapters.lora import LoraDelta
+    from models.patcher import side_residual
 
     monkeypatch.setattr(linear_module, "_native_half_product", lambda dtype: native)
     torch.manual_seed(0)
-    delta = LoraDelta(up=torch.randn(24, 4).bfloat16(), down=torch.randn(4, 16).bfloat16(), alpha=torch.tensor(2.0))
+    deltas = [LoraDelta(up=torch.randn(24, 4).bfloat16(), down=torch.randn(4, 16).bfloat16(),
+                        alpha=torch.tensor(2.0)) for _ in range(2)]
+    entries = [(WeightPatch(delta, "layer", "weight", "layer"), s) for delta, s in zip(deltas, (0.75, -0.5))]
     h = torch.randn(5, 16).bfloat16()
-    out = delta.side_product(h, 0.75)
+    out = side_residual(entries, h, 24, None, None)
     assert out.dtype == torch.bfloat16
-    wide = F.linear(F.linear(h.float(), delta.down.float()) * (0.75 * delta.scale), delta.up.float()).bfloat16()
-    if native:  # the products themselves in bfloat16
-        low = F.linear(F.linear(h, delta.down) * (0.75 * delta.scale), delta.up)
-        assert torch.equal(out, low)
-    else:
-        assert torch.equal(out, wide)
+
+    def summed(hh):  # the stacked side products, summed in hh's dtype
+        return sum(F.linear(F.linear(hh, d.down.to(hh.dtype)) * (s * d.scale), d.up.to(hh.dtype))
+                   for d, (_, s) in zip(deltas, entries))
+
+    assert torch.equal(out, (summed(h) if native else summed(h.float())).bfloat16())
