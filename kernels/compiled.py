@@ -65,10 +65,11 @@ def decline_reason(tensors: list[torch.Tensor | None]) -> str | None:
     return None
 
 
-def worthwhile(macs: int) -> str | None:
-    """Why a call of `macs` multiply-adds should not be compiled automatically (None when it should)."""
-    if macs < MIN_COMPILE_MACS:
-        return f"too small to repay compiling ({macs} multiply-adds < {MIN_COMPILE_MACS})"
+def worthwhile(macs: int, minimum: int = MIN_COMPILE_MACS) -> str | None:
+    """Why a call of `macs` multiply-adds should not be compiled automatically (None when it should); an op
+    whose compiled form saves less per call than the Linear's may ask for a larger `minimum`."""
+    if macs < minimum:
+        return f"too small to repay compiling ({macs} multiply-adds < {minimum})"
     return None
 
 

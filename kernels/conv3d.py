@@ -142,10 +142,7 @@ def _compiled_worthwhile(x, weight, bias=None, *, stride=1, **_options) -> str |
     stride = _triple(stride, "stride")
     outputs = x.shape[0] * ((x.shape[2] - 1) // stride[0] + 1) * ((x.shape[3] - 1) // stride[1] + 1) \
         * ((x.shape[4] - 1) // stride[2] + 1)
-    macs = outputs * weight[0].numel() * weight.shape[0]
-    if macs < MIN_COMPILE_MACS:
-        return f"too small to repay compiling a convolution ({macs} multiply-adds < {MIN_COMPILE_MACS})"
-    return None
+    return _compiled.worthwhile(outputs * weight[0].numel() * weight.shape[0], MIN_COMPILE_MACS)
 
 
 def causal_conv3d_compiled(x, weight, bias=None, *, stride=1, dilation=1, num_groups=None, norm_weight=None,
