@@ -322,7 +322,9 @@ def next_output_name(folder: Path, prefix: str, extension: str) -> tuple[Path, s
     # Escaped: a prefix such as "shot[1]" must not act as a pattern (it would restart at 1 and overwrite).
     pattern = f"{glob.escape(stem)}_*_.{extension}"
     staged_pattern = glob.escape(STAGING_PREFIX) + "?" * TOKEN_LENGTH + "-" + pattern
-    for existing in [*target_dir.glob(pattern), *target_dir.glob(staged_pattern)]:
+    # Staged names first: another attempt may rename its staged file to the final name at any moment, and
+    # listing the final names first could miss that file under both names and hand out its counter again.
+    for existing in [*target_dir.glob(staged_pattern), *target_dir.glob(pattern)]:
         parts = _staged_parts(existing.name)
         name = parts[1] if parts else existing.name
         middle = name[len(stem) + 1:-(len(extension) + 2)]

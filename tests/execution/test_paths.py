@@ -108,3 +108,26 @@ def test_a_write_cut_short_inside_a_staged_attempt_leaves_no_file(tmp_path):
     report = settle_staged([tmp_path], {staging_token("recorded")})
     assert report == {"committed": 0, "removed": 2}
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_staged_file_renamed_while_names_are_listed_still_holds_its_counter(tmp_path, monkeypatch):
+    """Another attempt commits its staged out_00001_ (rename to the final name) right after the first
+    listing: the counter must not be handed out again, or that file would be overwritten."""
+    import pathlib
+
+    from execution.paths import STAGING_PREFIX, staging_token
+
+    staged = tmp_path / f"{STAGING_PREFIX}{staging_token('other job')}-out_00001_.txt"
+    staged.write_text("the other job's output")
+    listings, original_glob = [], pathlib.Path.glob
+
+    def glob_then_commit(self, pattern, *args, **kwargs):
+        found = list(original_glob(self, pattern, *args, **kwargs))
+        listings.append(pattern)
+        if len(listings) == 1:
+            staged.rename(tmp_path / "out_00001_.txt")  # the other attempt commits between the two listings
+        return found
+
+    monkeypatch.setattr(pathlib.Path, "glob", glob_then_commit)
+    _, name, _ = next_output_name(tmp_path, "out", "txt")
+    assert len(listings) == 2 and name == "out_00002_.txt"
