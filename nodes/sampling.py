@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from execution.context import current
+from models.h3.sampling import SCHEDULERS
 from nodes.latent import check_latent
 from nodes.loaders import check_model
 from nodes.previews import SamplerPreviews
@@ -29,7 +30,7 @@ from nodes.spec import Input, NodeSpec, Output
 logger = logging.getLogger(__name__)
 
 SAMPLER_NAMES = ("euler", "res_multistep")
-SCHEDULER_NAMES = ("simple",)
+SCHEDULER_NAMES = SCHEDULERS
 SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -215,12 +216,9 @@ def _ksampler_select(sampler_name: str) -> tuple[Sampler]:
 def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float) -> torch.Tensor:
     from models.h3 import sigmas
 
-    if scheduler not in SCHEDULER_NAMES:
-        raise ValueError(f"{node}: scheduler {scheduler!r} is not available; the choices are "
-                         f"{', '.join(SCHEDULER_NAMES)}")
     video_shift, _ = model_shifts(model)
     try:
-        return sigmas(int(steps), float(denoise), shift=video_shift)
+        return sigmas(int(steps), float(denoise), shift=video_shift, scheduler=scheduler)
     except ValueError as exc:
         raise ValueError(f"{node}: {exc}") from None
 
@@ -352,7 +350,9 @@ NODES = [
         node_id="BasicScheduler", display_name="BasicScheduler", category="sampling/custom_sampling/schedulers",
         python_module="comfy_extras.nodes_custom_sampler", execute=_basic_scheduler,
         description="Noise levels for `steps` steps: steps + 1 values falling to 0, spaced evenly in time and then "
-                    "shifted by the model's shift.",
+                    "shifted by the model's shift. 'simple' spans the whole time range; 'normal' ends its nonzero "
+                    "levels at the model's smallest one; 'sgm_uniform' spaces one more level the same way and drops "
+                    "the smallest.",
         inputs=[
             Input.link("model", "MODEL"),
             Input.combo("scheduler", list(SCHEDULER_NAMES), "simple"),

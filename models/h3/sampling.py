@@ -44,8 +44,47 @@ def convert_sigma(sigma: torch.Tensor | float, from_shift: float, to_shift: floa
     return shifted_sigma(unshifted_sigma(sigma, from_shift), to_shift)
 
 
-def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0) -> torch.Tensor:
-    """The `simple` schedule: steps + 1 sigmas ending at 0 (float32); with denoise < 1, its last steps + 1 values of a longer grid."""
+# The schedules BasicScheduler / KSampler offer, in ComfyUI's order. ComfyUI reads every schedule off the
+# model's sampling object; for H3 that is a discrete flow table of 1000 times t = 1/1000 .. 1 with
+# sigma(t) = shifted_sigma(t, shift), and a "timestep" of sigma * 1000.
+SCHEDULERS = ("simple", "sgm_uniform", "normal")
+_FLOW_TIMESTEPS = 1000
+
+
+def _normal_times(steps: int, shift: float, *, sgm: bool) -> tuple[torch.Tensor, bool]:
+    """(the times the `normal` / `sgm_uniform` schedules take sigmas at, whether a final 0 follows).
+
+    Both space times evenly from the table's largest sigma to its smallest. The smallest sigma, shifted(1/1000),
+    is used as a time, not inverted to one, so the last sigma is shifted twice: ComfyUI's numbers, kept.
+    """
+    first = 1.0                                                            # sigma_max of the table, as a time
+    last = float(shifted_sigma(torch.tensor(1.0 / _FLOW_TIMESTEPS, dtype=torch.float32), shift))
+    if sgm:
+        return torch.linspace(first, last, steps + 1, dtype=torch.float32)[:-1], True
+    if math.isclose(float(shifted_sigma(last, shift)), 0.0, abs_tol=1e-5):   # the table reaches 0: it ends the list
+        return torch.linspace(first, last, steps + 1, dtype=torch.float32), False
+    return torch.linspace(first, last, steps, dtype=torch.float32), True
+
+
+def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
+    """`steps` + 1 float32 sigmas of `scheduler` for a whole run (denoise 1)."""
+    if scheduler == "simple":
+        grid = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+        return shifted_sigma(grid, shift).float()
+    times, then_zero = _normal_times(steps, shift, sgm=scheduler == "sgm_uniform")
+    values = shifted_sigma(times.double(), shift).float()
+    return torch.cat([values, torch.zeros(1)]) if then_zero else values
+
+
+def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0, scheduler: str = "simple") -> torch.Tensor:
+    """steps + 1 sigmas ending at 0 (float32) of `scheduler` (one of SCHEDULERS); with denoise < 1, the last
+    steps + 1 values of the schedule for int(steps / denoise) steps.
+
+    `simple` spaces the base grid evenly and shifts it; `normal` spaces times evenly from 1 down to the
+    flow table's smallest sigma and shifts them; `sgm_uniform` is `normal` over steps + 1 times less the last.
+    """
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r} is not available; the choices are {', '.join(SCHEDULERS)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if not 0.0 < denoise <= 1.0:
@@ -53,8 +92,7 @@ def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0) -> torch.Tenso
             return torch.zeros(0)
         raise ValueError(f"denoise must be in (0, 1], got {denoise}")
     total = steps if denoise >= 1.0 else int(steps / denoise)
-    grid = torch.linspace(1.0, 0.0, total + 1, dtype=torch.float64)
-    return shifted_sigma(grid, shift)[-(steps + 1):].float()
+    return _full_schedule(scheduler, total, shift)[-(steps + 1):]
 
 
 # Steppers -----------------------------------------------------------------------------------------

@@ -416,6 +416,23 @@ def test_basic_scheduler_follows_the_shift_and_sigma_shift_node(h3):
     assert torch.allclose(probe(result, "o1"), torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0]), atol=1e-6)
 
 
+def test_basic_scheduler_normal_follows_the_shift_and_the_combo_keeps_comfyuis_order(h3):
+    from models.h3.sampling import sigmas
+    from web.object_info import object_info
+
+    prompt = {
+        "unet": {"class_type": "UNETLoader", "inputs": {"unet_name": TINY_NAMES["transformer"][1], "weight_dtype": "default"}},
+        "shift": {"class_type": "MiniMaxH3SigmaShift", "inputs": {"model": ["unet", 0], "shift_video": 3.0, "shift_audio": 1.0}},
+        "s": {"class_type": "BasicScheduler", "inputs": {"model": ["shift", 0], "scheduler": "normal", "steps": 4, "denoise": 1.0}},
+        "o": {"class_type": "TestOutput", "inputs": {"value": ["s", 0]}},
+    }
+    assert torch.equal(probe(h3.run(prompt), "o"), sigmas(4, shift=3.0, scheduler="normal"))
+    comfy_order = ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal",
+                   "linear_quadratic", "kl_optimal"]
+    offered = object_info(h3.registry)["BasicScheduler"]["input"]["required"]["scheduler"][0]
+    assert offered == [name for name in comfy_order if name in offered] and "normal" in offered
+
+
 def test_ksampler_with_cfg_1_matches_the_custom_sampler(h3):
     prompt = t2va_prompt(steps=2, seed=3, save_video=False)
     prompt["neg"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["clip", 0]}}

@@ -111,38 +111,3 @@ def test_a_second_step_skipping_patch_is_refused_naming_the_node(h3, first, seco
     node_type, message = h3.run_error(prompt)
     assert node_type == second
     assert message.startswith(f"{second}: input 'model' already carries a {first} patch")
-
-
-def test_a_ui_workflow_with_easycache_between_the_loader_and_the_guider_validates_and_runs(h3):
-    """The community H3 workflow for 12 GB cards that uses EasyCache was not found in the sources searched; this
-    rebuilds its step-skipping chain (model loader -> EasyCache -> guider) in UI format on the bundled t2va
-    workflow, with the node's widgets in ComfyUI's order, and runs it through the editor-format conversion."""
-    import json
-    from pathlib import Path
-
-    from execution.convert import ui_to_api
-
-    workflow = json.loads((Path(__file__).resolve().parents[2] / "workflows" / "h3_t2va.json").read_text())
-    nodes = {node["id"]: node for node in workflow["nodes"]}
-    (loader,) = [n for n in nodes.values() if n["type"] == "UNETLoader"]
-    (guider,) = [n for n in nodes.values() if n["type"] == "BasicGuider"]
-    old_link = guider["inputs"][0]["link"]
-    node_id, link_in, link_out = workflow["last_node_id"] + 1, workflow["last_link_id"] + 1, workflow["last_link_id"] + 2
-    workflow["nodes"].append({
-        "id": node_id, "type": "EasyCache", "pos": [400, 400], "size": [270, 130], "flags": {}, "order": 1, "mode": 0,
-        "inputs": [{"name": "model", "type": "MODEL", "link": link_in}],
-        "outputs": [{"name": "MODEL", "type": "MODEL", "links": [link_out], "slot_index": 0}],
-        "properties": {"Node name for S&R": "EasyCache"}, "widgets_values": [0.2, 0.15, 0.95, False]})
-    loader["outputs"][0]["links"] = [link for link in loader["outputs"][0]["links"] if link != old_link] + [link_in]
-    guider["inputs"][0]["link"] = link_out
-    workflow["links"] = [link for link in workflow["links"] if link[0] != old_link] + [
-        [link_in, loader["id"], 0, node_id, 0, "MODEL"], [link_out, node_id, 0, guider["id"], 0, "MODEL"]]
-    workflow["last_node_id"], workflow["last_link_id"] = node_id, link_out
-    prompt = ui_to_api(workflow, h3.registry)
-    assert prompt[str(node_id)]["inputs"] == {"model": [str(loader["id"]), 0], "reuse_threshold": 0.2,
-                                              "start_percent": 0.15, "end_percent": 0.95, "verbose": False}
-    assert prompt[str(guider["id"])]["inputs"]["model"] == [str(node_id), 0]
-    result = h3.run(prompt)
-    (sampler,) = [row for row in result.profile.values() if row["class_type"] == "SamplerCustomAdvanced"]
-    steps = prompt[next(n for n, node in prompt.items() if node["class_type"] == "BasicScheduler")]["inputs"]["steps"]
-    assert sampler["counts"]["steps_computed"] + sampler["counts"]["steps_skipped"] == steps

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from models.h3.sampling import ResMultistep, convert_sigma, euler_step, sample, shifted_sigma, sigmas
+from models.h3.sampling import (ResMultistep, convert_sigma, euler_step, sample, shifted_sigma, sigmas,
+                                unshifted_sigma)
 from models.h3 import empty_latent
 
 
@@ -19,6 +20,37 @@ def test_denoise_takes_the_tail_of_a_longer_schedule():
     full = sigmas(8, shift=3.0)
     part = sigmas(4, denoise=0.5, shift=3.0)
     assert part.tolist() == pytest.approx(full[-5:].tolist())
+
+
+def test_normal_schedule_spaces_times_from_one_to_the_flow_tables_smallest_sigma():
+    # The table's smallest sigma, shifted(1/1000), serves as the last time, so it is shifted a second time.
+    smallest = 12 * 0.001 / (1 + 11 * 0.001)
+    got = sigmas(4, shift=12.0, scheduler="normal")
+    assert got.dtype == torch.float32 and got.numel() == 5 and got[-1] == 0.0
+    times = unshifted_sigma(got[:-1].double(), 12.0)
+    assert times.tolist() == pytest.approx(torch.linspace(1.0, smallest, 4, dtype=torch.float64).tolist(), abs=1e-6)
+    assert got[3].item() == pytest.approx(12 * smallest / (1 + 11 * smallest), abs=1e-6)   # about 0.126, not ~0
+    assert sigmas(1, shift=12.0, scheduler="normal").tolist() == [1.0, 0.0]
+
+
+def test_sgm_uniform_is_normal_over_one_more_time_without_the_last():
+    smallest = 3 * 0.001 / (1 + 2 * 0.001)
+    got = sigmas(4, shift=3.0, scheduler="sgm_uniform")
+    assert got.numel() == 5 and got[-1] == 0.0
+    times = unshifted_sigma(got[:-1].double(), 3.0)
+    assert times.tolist() == pytest.approx(torch.linspace(1.0, smallest, 5, dtype=torch.float64)[:-1].tolist(),
+                                           abs=1e-6)
+
+
+@pytest.mark.parametrize("scheduler", ["normal", "sgm_uniform"])
+def test_denoise_takes_the_tail_of_every_schedule(scheduler):
+    full = sigmas(10, shift=12.0, scheduler=scheduler)
+    assert sigmas(4, denoise=0.4, shift=12.0, scheduler=scheduler).tolist() == full[-5:].tolist()
+
+
+def test_an_unknown_schedule_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="'karras' is not available; the choices are simple, sgm_uniform, normal"):
+        sigmas(4, scheduler="karras")
 
 
 def test_audio_sigma_derived_from_video_sigma():
