@@ -66,11 +66,23 @@ def _normal_times(steps: int, shift: float, *, sgm: bool) -> tuple[torch.Tensor,
     return torch.linspace(first, last, steps, dtype=torch.float32), True
 
 
+def flow_table(shift: float) -> torch.Tensor:
+    """The model's float32 sigma table, ascending: shifted_sigma(k / 1000, shift) for k = 1 .. 1000."""
+    # Timesteps k / 1000 * 1000, divided back by 1000, in float32: the table's values to the bit.
+    timesteps = torch.arange(1, _FLOW_TIMESTEPS + 1, dtype=torch.float32) / _FLOW_TIMESTEPS * _FLOW_TIMESTEPS
+    times = timesteps / _FLOW_TIMESTEPS
+    return shifted_sigma(times, shift)
+
+
 def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
     """`steps` + 1 float32 sigmas of `scheduler` for a whole run (denoise 1)."""
     if scheduler == "simple":
-        grid = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-        return shifted_sigma(grid, shift).float()
+        # Every step takes an entry of the table, stepping back len/steps entries at a time (rounded down) from
+        # sigma 1, then 0: where 1000 is not a multiple of steps, the times are not exactly evenly spaced, and
+        # the sigmas are ComfyUI's to the bit.
+        table, stride = flow_table(shift), _FLOW_TIMESTEPS / steps
+        picks = torch.tensor([_FLOW_TIMESTEPS - 1 - int(step * stride) for step in range(steps)])
+        return torch.cat([table[picks], torch.zeros(1)])
     times, then_zero = _normal_times(steps, shift, sgm=scheduler == "sgm_uniform")
     values = shifted_sigma(times.double(), shift).float()
     return torch.cat([values, torch.zeros(1)]) if then_zero else values
@@ -80,8 +92,9 @@ def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0, scheduler: str
     """steps + 1 sigmas ending at 0 (float32) of `scheduler` (one of SCHEDULERS); with denoise < 1, the last
     steps + 1 values of the schedule for int(steps / denoise) steps.
 
-    `simple` spaces the base grid evenly and shifts it; `normal` spaces times evenly from 1 down to the
-    flow table's smallest sigma and shifts them; `sgm_uniform` is `normal` over steps + 1 times less the last.
+    `simple` takes evenly spaced entries of the model's 1000-entry sigma table (`flow_table`); `normal` spaces
+    times evenly from 1 down to the table's smallest sigma and shifts them; `sgm_uniform` is `normal` over
+    steps + 1 times less the last.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r} is not available; the choices are {', '.join(SCHEDULERS)}")

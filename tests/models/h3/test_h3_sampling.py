@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.h3.sampling import (ResMultistep, convert_sigma, euler_step, sample, shifted_sigma, sigmas,
+from models.h3.sampling import (ResMultistep, convert_sigma, euler_step, flow_table, sample, shifted_sigma, sigmas,
                                 unshifted_sigma)
 from models.h3 import empty_latent
 
@@ -143,3 +143,15 @@ def test_sample_refuses_unknown_sampler_and_several_conditionings():
         sample(_LinearModel(), lat, cond, sigmas(2), 0, sampler="dpmpp_9m")
     with pytest.raises(ValueError, match="one conditioning entry"):
         sample(_LinearModel(), lat, cond * 2, sigmas(2), 0)
+
+
+@pytest.mark.parametrize("steps", [4, 7, 30])
+def test_simple_takes_entries_of_the_flow_table_stepping_back_len_over_steps(steps):
+    # 1000 / 30 is not a whole number: step 3 takes the entry 99 back (int(3 * 33.33...)), not 100 back, so the
+    # sigmas are the table's, not those of an exactly even grid.
+    table = flow_table(12.0)
+    got = sigmas(steps, shift=12.0)
+    expected = [table[-(1 + int(x * (1000 / steps)))].item() for x in range(steps)] + [0.0]
+    assert got.dtype == torch.float32 and got.tolist() == expected
+    # The table: float32 shifted_sigma of k / 1000, sigma 1 at its end.
+    assert table[-1].item() == 1.0 and table[0].item() == pytest.approx(12 * 0.001 / (1 + 11 * 0.001), rel=1e-6)
