@@ -307,7 +307,10 @@ def _output(weight: QuantizedWeight, out: torch.Tensor | None) -> torch.Tensor:
 
 def decode_int8(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 codes * row (or tensor) scale, still rotated when the weight was stored rotated."""
-    return torch.mul(weight.data, weight.scale.float(), out=_output(weight, out))
+    scale = weight.scale.float()
+    if scale.numel() > 1:
+        scale = scale.reshape(-1, 1)  # one per row, whether the file stores (N,) or (N, 1)
+    return torch.mul(weight.data, scale, out=_output(weight, out))
 
 
 def decode_float8(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
