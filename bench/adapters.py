@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # kernels/quantized_linear.py), never its torch.compile'd twin: compiling takes minutes of a shared 2-core
 # CPU per shape class, which would swamp a two-minute run. Every route shares that product, so the ratios
 # compare what the adapter adds. Set the variable to override (e.g. quantized_linear:int8 for _int_mm).
-os.environ.setdefault("WEFT_KERNEL_BACKEND", "quantized_linear:int8_dequantized")
+os.environ.setdefault("WEFT_KERNEL_BACKEND", "quantized_linear:dequantized")
 
 from models import memory, ops  # noqa: E402
 from models.adapters import load_adapter  # noqa: E402

@@ -370,8 +370,6 @@ def main() -> None:
             latents = step_latents(config, size)
             runs = {}
             for name, model in weft.items():
-                if name == "nvfp4" and size == "large":
-                    continue  # the CPU has no nvfp4 product (dequantize, then multiply): shown at the small size
                 runs[f"weft {name}"] = WeftStep(model, latents, dtypes.get(name, torch.bfloat16))
             for name, model in reference.items():
                 runs[f"diffusers {name}"] = DiffusersStep(model, latents, dtypes[name])

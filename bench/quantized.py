@@ -1,19 +1,34 @@
-"""An int8-convrot H3 transformer (small config, pruned curve-AdaLN form) against the same model in bfloat16.
+"""Quantized Linear products on the CPU per format, and an int8-convrot H3 transformer against it in bfloat16.
 
+(d) Decoding, per stored format (int8 convrot, float8 e4m3, nvfp4 with a pre-quant scale, mxfp8, GGUF
+    Q8_0; the GGUF K types need rows of whole 256-value blocks, which 1344 is not) at the Linear shapes
+    of the H3 step (1,060 tokens; 1344 -> 5376 with the rms_norm prologue, 3584 -> 1344 with swiglu;
+    bfloat16 activations and residual), side by side in the same rounds, the order rotated each round,
+    this process's CPU time (min and median):
+      eager         the reference: the weight dequantized to bfloat16, the bfloat16 product
+      dequantized   the CPU's choice: decoded into the thread's float32 buffer, the float32 product
+      decode        the decode into the buffer alone
+      f32 product   a bare float32 product of the same shape on an already decoded weight (the floor)
+    Ratios: eager / dequantized (the gain), decode / dequantized (the decode's share), dequantized /
+    f32 product (what decoding and the prologue add to the bare product).
 (a) Memory: peak resident weight bytes under the memory manager while the int8 model runs, against
     the int8 file's size (goal: at most 1.1x) and against the bfloat16 model's peak.
 (b) Time per denoising step (one transformer forward), side by side in the same rounds:
-      int8          the int8 backends: activations rotated online, quantized per token, torch._int_mm
-                    (their elementwise stages compiled where the product is large enough)
+      int8          the int8 model, its backend chosen as in production (on the CPU the decoded float32
+                    product; on CUDA torch._int_mm, its elementwise stages compiled where large enough)
       dequantize    the same int8 model forced onto the reference (dequantize the weight, eager float product)
       bf16          the bfloat16 model, its Linear choosing its backend as in production (compiled or eager)
     The backend each path ended on is printed. Compilation happens in the warm-up, outside the timed
     rounds. On a machine with CUDA the whole table is measured on the GPU too.
 
+Everything runs on one torch thread unless --threads says otherwise (the figures of a shared machine
+are steadier so). The default run takes about three minutes on a 2-core machine: a minute for (d), two
+for (a) and (b); --sections picks one.
+
 Both files are written by Weft's own writer (models/quant/writer.py) from one random model, with the
 layers the released files quantize (qkv, out, fc1, fc2 of every block; group 256).
 
-Run: .venv/bin/python bench/quantized.py [--quick]
+Run: .venv/bin/python bench/quantized.py [--quick] [--sections decode,step] [--decode-rounds N] [--threads N]
 """
 from __future__ import annotations
 
@@ -31,14 +46,102 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels.linear import LINEAR  # noqa: E402
-from kernels.quantized_linear import QUANTIZED_LINEAR  # noqa: E402
+from kernels.quantized import WeightFormat  # noqa: E402
+from kernels.quantized_linear import QUANTIZED_LINEAR, decode_into_buffer  # noqa: E402
 from models import memory  # noqa: E402
 from models.h3.transformer import FLOAT32_PREFIXES, H3Transformer, H3TransformerConfig  # noqa: E402
 from models.loading import load_model  # noqa: E402
 from models.ops import QuantizedLinear  # noqa: E402
+from models.quant.formats import LayerQuant  # noqa: E402
 from models.quant.writer import RELEASED_INT8_LAYERS, quantize_state_dict, save_quantized  # noqa: E402
 
 PATHS = {"int8": "", "dequantize": "quantized_linear:eager", "bf16": ""}  # WEFT_KERNEL_BACKEND per path
+
+
+# (tokens, in, out, prologue) of two H3 step Linears at the quarter width bench/dit_step.py runs.
+DECODE_SHAPES = ((1060, 1344, 5376, "rms_norm"), (1060, 3584, 1344, "swiglu"))
+DECODE_FORMATS = (WeightFormat.INT8, WeightFormat.FLOAT8_E4M3, WeightFormat.NVFP4, WeightFormat.MXFP8,
+                  WeightFormat.GGUF_Q8_0)
+DECODE_VARIANTS = ("eager", "dequantized", "decode", "f32 product")
+
+
+def rotation_group(in_features: int) -> int:
+    """The largest power-of-4 rotation group, up to 256, that divides `in_features`."""
+    group = 256
+    while in_features % group:
+        group //= 4
+    return group
+
+
+def decode_case(fmt: WeightFormat, tokens: int, in_features: int, out_features: int, prologue: str):
+    """One layer in `fmt` and the calls of each variant on it."""
+    gen = torch.Generator().manual_seed(2)
+    quant = LayerQuant(fmt, rotation_group(in_features) if fmt is WeightFormat.INT8 else 0)
+    dense = torch.randn(out_features, in_features, generator=gen) / in_features ** 0.5
+    tensors = quant.stored_format.encode(dense, quant)
+    if fmt is WeightFormat.NVFP4:  # as the released AWQ text encoder's layers carry
+        tensors["pre_quant_scale"] = (torch.rand(in_features, generator=gen) + 0.5).to(torch.bfloat16)
+    weight = quant.stored_format.weight(tensors, (out_features, in_features), quant)
+    width = 2 * in_features if prologue == "swiglu" else in_features
+    x = torch.randn(tokens, width, generator=gen).to(torch.bfloat16)
+    residual = torch.randn(tokens, out_features, generator=gen).to(torch.bfloat16)
+    options = {"prologue": prologue, "residual": residual}
+    if prologue == "rms_norm":
+        options["prologue_weight"] = torch.ones(in_features, dtype=torch.bfloat16)
+    h32 = torch.randn(tokens, in_features, generator=gen)
+    w32 = weight.dequantize(torch.float32)
+    return {"eager": lambda: QUANTIZED_LINEAR(x, weight, backend="eager", **options),
+            "dequantized": lambda: QUANTIZED_LINEAR(x, weight, backend="dequantized", **options),
+            "decode": lambda: decode_into_buffer(weight),
+            "f32 product": lambda: torch.matmul(h32, w32.t())}
+
+
+def measure_decode(rounds: int, quick: bool) -> list[dict]:
+    """Per format and shape: min and median CPU seconds of each variant, the variants alternated each round."""
+    shapes = [(256, 512, 1024, "rms_norm")] if quick else DECODE_SHAPES
+    results = []
+    for tokens, in_features, out_features, prologue in shapes:
+        for fmt in DECODE_FORMATS:
+            calls = decode_case(fmt, tokens, in_features, out_features, prologue)
+            outputs = {name: calls[name]() for name in ("eager", "dequantized")}  # warm-up (compiles)
+            scale = float((outputs["eager"].float()).abs().max())
+            drift = float((outputs["dequantized"].float() - outputs["eager"].float()).abs().max()) / scale
+            times = {name: [] for name in DECODE_VARIANTS}
+            for index in range(rounds):
+                order = DECODE_VARIANTS[index % 4:] + DECODE_VARIANTS[:index % 4]
+                for name in order:
+                    start = time.process_time()
+                    calls[name]()
+                    times[name].append(time.process_time() - start)
+            results.append({"format": fmt.value, "shape": [tokens, in_features, out_features], "prologue": prologue,
+                            "min_s": {k: min(v) for k, v in times.items()},
+                            "median_s": {k: statistics.median(v) for k, v in times.items()},
+                            "drift_vs_eager": drift})
+    return results
+
+
+def print_decode(results: list[dict], rounds: int) -> dict:
+    """The decode table; returns its figures for the JSON line."""
+    print(f"\n[cpu] (d) quantized Linear products, {torch.get_num_threads()} thread(s), CPU ms "
+          f"(median of {rounds}, min in brackets), bfloat16 activations and residual")
+    print(f"  {'format':<16} {'shape':<17} {'eager':>14} {'dequantized':>14} {'decode':>12} {'f32 product':>14} "
+          f"{'eager/deq':>9} {'decode/deq':>10} {'deq/f32':>8} {'drift':>8}")
+    summary = []
+    for row in results:
+        med, low = row["median_s"], row["min_s"]
+        cells = " ".join(f"{med[k] * 1e3:>{w - 7}.1f} ({low[k] * 1e3:>5.0f})"
+                         for k, w in zip(DECODE_VARIANTS, (14, 14, 12, 14)))
+        ratios = {"eager_over_dequantized": med["eager"] / med["dequantized"],
+                  "decode_over_dequantized": med["decode"] / med["dequantized"],
+                  "dequantized_over_f32_product": med["dequantized"] / med["f32 product"]}
+        shape = "x".join(str(v) for v in row["shape"])
+        print(f"  {row['format']:<16} {shape:<17} {cells} {ratios['eager_over_dequantized']:>8.2f}x "
+              f"{ratios['decode_over_dequantized']:>9.3f}x {ratios['dequantized_over_f32_product']:>7.2f}x "
+              f"{row['drift_vs_eager']:>8.1e}")
+        summary.append({"format": row["format"], "shape": row["shape"],
+                        "median_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
+                        **{k: round(v, 3) for k, v in ratios.items()}})
+    return {"threads": torch.get_num_threads(), "rounds": rounds, "rows": summary}
 
 
 def small_config(quick: bool) -> H3TransformerConfig:
@@ -137,17 +240,35 @@ def measure(device: torch.device, paths: dict[str, Path], config: H3TransformerC
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 blocks, fewer tokens and rounds")
+    parser.add_argument("--quick", action="store_true", help="2 blocks, fewer tokens and rounds; one small decode shape")
+    parser.add_argument("--sections", default="decode,step", help="comma-separated sections: decode, step")
+    parser.add_argument("--decode-rounds", type=int, default=None, help="rounds of the decode section (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    if not sections <= {"decode", "step"}:
+        raise SystemExit(f"--sections takes decode and/or step, got {args.sections!r}")
     torch.set_grad_enabled(False)
-    config = small_config(args.quick)
+    torch.set_num_threads(args.threads)
+    report = {"bench": "quantized", "threads": args.threads}
+    if "decode" in sections:
+        rounds = args.decode_rounds or 2
+        report["decode"] = print_decode(measure_decode(rounds, args.quick), rounds)
+    if "step" in sections:
+        report.update(step_section(args.quick))
+    print(json.dumps(report))
+
+
+def step_section(quick: bool) -> dict:
+    """(a) and (b): the int8-convrot model's resident bytes and step time against the bfloat16 model."""
+    config = small_config(quick)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    rounds = 2 if args.quick else 5
+    rounds = 2 if quick else 5
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_files(Path(tmp), config)
         sizes = {name: os.path.getsize(path) for name, path in paths.items()}
-        results = {str(device): measure(device, paths, config, rounds, args.quick) for device in devices}
-    print(f"H3 transformer: hidden {config.hidden_size}, {config.num_layers} blocks, ffn {config.ffn_size}, "
+        results = {str(device): measure(device, paths, config, rounds, quick) for device in devices}
+    print(f"\nH3 transformer: hidden {config.hidden_size}, {config.num_layers} blocks, ffn {config.ffn_size}, "
           f"pruned curve AdaLN; files: int8 convrot {sizes['int8'] / 2**20:.1f} MiB, bf16 {sizes['bf16'] / 2**20:.1f} MiB"
           f"{'' if len(devices) > 1 else '; no GPU on this machine: CPU only'}")
     summary = {}
@@ -174,8 +295,8 @@ def main() -> None:
                            "int8_over_dequantize": round(steps["int8"] / steps["dequantize"], 3),
                            "backends": result["backends"], "video_drift_vs_dequantize": result["video_drift_vs_dequantize"],
                            "peak_resident_bytes": peak}
-    print(json.dumps({"bench": "quantized", "file_bytes": sizes, "hidden": config.hidden_size,
-                      "blocks": config.num_layers, "gpu": len(devices) > 1, "devices": summary}))
+    return {"file_bytes": sizes, "hidden": config.hidden_size, "blocks": config.num_layers, "gpu": len(devices) > 1,
+            "devices": summary}
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 A `QuantizedWeight` is one layer's stored tensors (codes and scales, in the dtypes and layouts of the
 file) plus what the format needs to read them; the format objects of models/quant/formats/ build it
 (which file tensors a layer has, their shapes, markers and encoding are theirs, not this module's).
-Here is only the arithmetic, one public decoder per format (`DECODERS`, keyed by `WeightFormat`).
-`dequantize` is the reference every quantized matrix product is tested against
-(kernels/quantized_linear.py); the embedding lookup dequantizes only the rows it gathers.
+Here is only the arithmetic, one public decoder per format (`DECODERS`, keyed by `WeightFormat`), which
+writes the stored values in float32 into a tensor it is given or a fresh one (see "Decoding" below).
+`dequantize` (decode, crop, rotate back, round to a dtype) is the reference every quantized matrix
+product is tested against (kernels/quantized_linear.py), whose CPU product runs the same decoders into a
+reused buffer; the embedding lookup dequantizes only the rows it gathers.
 
 The formats (storage for a logical weight of shape (N, K)):
   int8_tensorwise  int8 codes (N, K); `scale` float32, one per row (N, 1) or one for the tensor;
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.gguf_blocks import decode_blocks
+from kernels.gguf_blocks import BLOCK_SIZES, decode_blocks
 
 
 class WeightFormat(enum.Enum):
@@ -187,14 +189,51 @@ def rotate_rows_factored(rows: torch.Tensor, group: int) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------
 # Decoding
+#
+# Every decoder writes the float32 values its weight's stored tensors hold: in the stored frame (an
+# int8 convrot weight still rotated) and at the stored, possibly padded, shape (`stored_shape`). It
+# writes into `out` when given one (float32, that shape, contiguous) and returns it, else into a
+# fresh tensor: the dequantizing CPU product (kernels/quantized_linear.py) decodes every layer into
+# one reused buffer, the reference into a tensor of its own, through the same arithmetic.
+#
+# Codes of at most 8 bits are read through a lookup table of 256 float32 entries indexed by the code
+# byte (`torch.index_select`, a gather, instead of float8 -> float32 conversion or per-nibble
+# arithmetic, both several times slower on the CPU); for nvfp4 an entry is the byte's pair of E2M1
+# values, high nibble first. A table entry is the value torch's own conversion gives, so the lookup
+# changes no bit. The byte codes are widened to int32 indices a few rows at a time, so the index
+# never costs more memory than LOOKUP_CHUNK_CODES entries.
+LOOKUP_CHUNK_CODES = 1 << 18
 
-def decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """float32 values of packed E2M1 codes (..., K/2) -> (..., K); the even column is the high nibble."""
-    high = packed >> 4
-    low = packed & 0x0F
-    codes = torch.stack([high, low], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    return table[codes.long()]
+_lookup_tables: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _table(kind: str, device: torch.device) -> torch.Tensor:
+    """The float32 value of every code byte of `kind` (a float8 dtype's name or "e2m1_pairs"), cached per device."""
+    key = (kind, device)
+    table = _lookup_tables.get(key)
+    if table is None:
+        if kind == "e2m1_pairs":  # byte b -> (value of its high nibble, value of its low nibble)
+            values = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+            table = torch.stack([values.repeat_interleave(16), values.repeat(16)], dim=-1)  # (256, 2)
+        else:
+            table = torch.arange(256, dtype=torch.uint8).view(getattr(torch, kind)).to(torch.float32)  # (256,)
+        table = _lookup_tables[key] = table.to(device)
+    return table
+
+
+def lookup_codes(table: torch.Tensor, codes: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[r, c*E:(c+1)*E] = table[codes[r, c]]: byte codes (R, C) through a (256, E...) table into out (R, C*E)."""
+    byte_codes = codes.view(torch.uint8)
+    rows, width = byte_codes.shape
+    entry = table[0].numel()
+    if out.shape != (rows, width * entry) or out.dtype != table.dtype:
+        raise ValueError(f"codes of shape {(rows, width)} decode into {table.dtype} {(rows, width * entry)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    step = max(1, LOOKUP_CHUNK_CODES // max(width, 1))
+    for start in range(0, rows, step):
+        index = byte_codes[start:start + step].reshape(-1).to(torch.int32)
+        torch.index_select(table, 0, index, out=out[start:start + step].view(-1, *table.shape[1:]))
+    return out
 
 
 def e8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
@@ -226,55 +265,98 @@ class QuantizedWeight:
         """Where the stored tensors are."""
         return self.data.device
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The float weight of shape `shape` in `dtype` (decoded in float32, rounded once)."""
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        """(rows, columns) of the values the stored tensors hold: `shape`, plus the block formats' padding."""
+        rows, width = self.data.shape
+        if self.format is WeightFormat.NVFP4:
+            return rows, width * 2  # two codes per byte
+        if self.format.gguf_type is not None:
+            block_size, type_size = BLOCK_SIZES[self.format.gguf_type]
+            return rows, width // type_size * block_size
+        return rows, width
+
+    def decode_stored(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 values at `stored_shape`, in the stored frame; into `out` when given (see "Decoding" above)."""
         decode = DECODERS.get(self.format)
         if decode is None:
             raise ValueError(f"no decoder for weight format {self.format}")
-        weight = decode(self)
+        return decode(self, out)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight of shape `shape` in `dtype` (decoded in float32, rounded once)."""
+        weight = self.decode_stored()
         out_features, in_features = self.shape
         if tuple(weight.shape) != (out_features, in_features):
             weight = weight[:out_features, :in_features]  # block formats store padded rows and columns
+        if self.rotation_group:  # back from the stored frame: H is symmetric and its own inverse
+            weight = rotate_rows(weight, self.rotation_group)
         return weight.to(dtype)
 
 
-def dequantize_int8(weight: QuantizedWeight) -> torch.Tensor:
-    """float32 codes * row (or tensor) scale, rotated back when the weight was stored rotated."""
-    values = weight.data.float() * weight.scale.float()
-    return rotate_rows(values, weight.rotation_group) if weight.rotation_group else values
+def _output(weight: QuantizedWeight, out: torch.Tensor | None) -> torch.Tensor:
+    """`out`, checked against the weight's stored shape, or a fresh float32 tensor of that shape."""
+    shape = weight.stored_shape
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32, device=weight.data.device)
+    if tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"a {weight.format.value} weight decodes into a contiguous float32 tensor of shape {shape}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    return out
 
 
-def dequantize_float8(weight: QuantizedWeight) -> torch.Tensor:
+def decode_int8(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 codes * row (or tensor) scale, still rotated when the weight was stored rotated."""
+    scale = weight.scale.float()
+    if scale.numel() > 1:
+        scale = scale.reshape(-1, 1)  # one per row, whether the file stores (N,) or (N, 1)
+    return torch.mul(weight.data, scale, out=_output(weight, out))
+
+
+def decode_float8(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 codes * the tensor scale."""
-    return weight.data.to(torch.float32) * weight.scale.to(torch.float32)
+    out = _output(weight, out)
+    table = _table(str(FLOAT8_FORMATS[weight.format]).removeprefix("torch."), weight.data.device)
+    scale = weight.scale.to(torch.float32)
+    if scale.numel() == 1:  # one product per code value, not per weight: value(code) * scale, the same float32 product
+        return lookup_codes(table * scale.reshape(()), weight.data, out)
+    return lookup_codes(table, weight.data, out).mul_(scale)
 
 
-def dequantize_nvfp4(weight: QuantizedWeight) -> torch.Tensor:
+def decode_nvfp4(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """E2M1 values * (tensor scale * e4m3 block scale), one block per 16 columns; padded shape kept."""
-    values = decode_e2m1(weight.data)  # (rows, cols) padded
-    rows, cols = values.shape
+    out = lookup_codes(_table("e2m1_pairs", weight.data.device), weight.data, _output(weight, out))
+    rows, cols = out.shape
     blocks = unswizzle_block_scales(weight.scale.view(torch.float8_e4m3fn), rows, cols // NVFP4_BLOCK)
     scale = weight.tensor_scale.to(torch.float32) * blocks.to(torch.float32)  # (rows, cols / 16)
-    return (values.view(rows, -1, NVFP4_BLOCK) * scale.unsqueeze(-1)).view(rows, cols)
+    out.view(rows, -1, NVFP4_BLOCK).mul_(scale.unsqueeze(-1))
+    return out
 
 
-def dequantize_mxfp8(weight: QuantizedWeight) -> torch.Tensor:
+def decode_mxfp8(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 codes * 2^(e - 127), one exponent per 32 columns; padded shape kept."""
-    rows, cols = weight.data.shape
+    out = lookup_codes(_table("float8_e4m3fn", weight.data.device), weight.data, _output(weight, out))
+    rows, cols = out.shape
     blocks = e8m0_to_float(unswizzle_block_scales(weight.scale.view(torch.uint8), rows, cols // MXFP8_BLOCK))
-    return (weight.data.to(torch.float32).view(rows, -1, MXFP8_BLOCK) * blocks.unsqueeze(-1)).view(rows, cols)
+    out.view(rows, -1, MXFP8_BLOCK).mul_(blocks.unsqueeze(-1))
+    return out
 
 
-def dequantize_gguf(weight: QuantizedWeight) -> torch.Tensor:
-    """float32 values of rows of GGUF blocks (N, bytes per row) -> (N, K), decoded on the bytes' device."""
-    return decode_blocks(weight.format.gguf_type, weight.data)
+def decode_gguf(weight: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 values of rows of GGUF blocks (N, bytes per row) -> (N, K), decoded on the bytes' device.
+
+    The block arithmetic builds its values in several steps of its own, so `out` receives a copy.
+    """
+    values = decode_blocks(weight.format.gguf_type, weight.data)
+    return values if out is None else _output(weight, out).copy_(values)
 
 
-# The decoder of each stored arithmetic (float32, possibly padded); QuantizedWeight.dequantize crops.
-DECODERS = {WeightFormat.INT8: dequantize_int8, WeightFormat.FLOAT8_E4M3: dequantize_float8,
-            WeightFormat.FLOAT8_E5M2: dequantize_float8, WeightFormat.NVFP4: dequantize_nvfp4,
-            WeightFormat.MXFP8: dequantize_mxfp8,
-            **{fmt: dequantize_gguf for fmt in WeightFormat if fmt.gguf_type is not None}}
+# The decoder of each stored arithmetic (float32, stored frame and shape); QuantizedWeight.dequantize
+# crops and rotates back.
+DECODERS = {WeightFormat.INT8: decode_int8, WeightFormat.FLOAT8_E4M3: decode_float8,
+            WeightFormat.FLOAT8_E5M2: decode_float8, WeightFormat.NVFP4: decode_nvfp4,
+            WeightFormat.MXFP8: decode_mxfp8,
+            **{fmt: decode_gguf for fmt in WeightFormat if fmt.gguf_type is not None}}
 
 
 def embedding_rows(ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:

@@ -2,14 +2,17 @@
 
 kernels/linear.py's `linear` hands every call whose weight is a `QuantizedWeight` to this op. Its
 backends, in priority order:
-  int8_dequantized  the CPU's int8 product: the codes times their row scales, decoded into one reused
-                 float32 buffer per thread (it grows to the largest layer), multiplied by the float32
-                 activation through the float Linear's own backend choice (kernels/linear.py); a convrot
-                 layer rotates the activation instead of the weight (`rotate_rows_factored`). Inference
-                 only; CPU only.
+  dequantized    the CPU's product for every stored format (int8, float8, nvfp4, mxfp8, the GGUF block
+                 types): the weight decoded (kernels/quantized.py's decoder of its format, the same
+                 arithmetic as the reference's) into one reused float32 buffer per thread (it grows to
+                 the largest layer), multiplied by the float32 activation through the float Linear's
+                 own backend choice (kernels/linear.py), the result rounded once to the output dtype.
+                 The activation rule is the reference's, in float32: prologue, then nvfp4's
+                 `pre_quant_scale`; a convrot layer rotates the activation instead of the weight
+                 (`rotate_rows_factored`). Inference only; CPU only.
   int8_compiled  the int8 product below with its two elementwise stages each fused by torch.compile
                  (prologue, pre-scale, rotation and per-token quantization; rescale and epilogue),
-                 once per shape class; chosen automatically for products large enough to repay compiling.
+                 once per shape class; chosen automatically for products large enough to repay it.
   int8           int8 weights (rotated or not): the activation is rotated online by the same
                  block-diagonal Hadamard as the weight, quantized per token (row scale = max |x| / 127),
                  multiplied with int32 accumulation (`torch._int_mm`) and rescaled by row scale x
@@ -17,22 +20,23 @@ backends, in priority order:
   fp8            float8 weights on a CUDA device with float8 matrix units (compute capability 8.9+):
                  the activation is cast to float8-e4m3 with the layer's `input_scale` (1.0 without
                  one, clamped to +-448) and multiplied by `torch._scaled_mm`.
-  eager          the reference for every format: dequantize the weight (kernels/quantized.py), then
-                 the float Linear's eager reference. Formats without a native product here (nvfp4,
-                 mxfp8) and layers marked `full_precision` run only this.
+  eager          the reference for every format: dequantize the weight (kernels/quantized.py) to x's
+                 dtype, then the float Linear's eager reference. On CUDA, what has no native product on
+                 the device (nvfp4, mxfp8, GGUF, float8 below 8.9) runs this; layers marked
+                 `full_precision` run only this, on every device.
 An nvfp4 layer's `pre_quant_scale` multiplies the input (after the prologue) on every path.
 
-Why int8 decodes on the CPU and keeps `torch._int_mm` on CUDA. Measured at the H3 step's shapes
-(1,060 tokens; 1344 -> 5376 with the rms_norm prologue, 3584 -> 1344 with swiglu; int8-convrot, bfloat16
-activations, a residual; one thread, CPU time, minimum of 3, on a 2-core AVX2 AMD EPYC shared with other
-work, so +-10%): `int8_dequantized` 250 / 168 ms, `int8_compiled` (`torch._int_mm`) 5,916-6,330 /
-4,044-4,279 ms, the bfloat16 eager reference 1,725 / 1,106 ms; a bare float32 product of the same shape
-~200 / ~140 ms, decoding the weight alone 6 / 5 ms. Of the other candidates, `torch._weight_int8pack_mm`
-took 9,191 ms (float32 activation) and 617 ms (bfloat16) at the first shape; oneDNN's own int8 product
-(`onednn::qlinear_pointwise`, prepacked weight) took 92 ms, but this CPU's int8 instructions sum pairs
-of products in 16 bits, which saturates for 8-bit activations (9.7% error measured) and is exact only for
-7-bit ones (1.8% error against the float product, twice the activation rounding of the int8 product on
-CUDA), so it is not used. On CUDA `torch._int_mm` runs on int8 tensor cores and stays the choice.
+Why every format decodes on the CPU, and int8 keeps `torch._int_mm` on CUDA. A CPU without native
+bfloat16 arithmetic (AVX2, no AVX512-BF16 or AMX) emulates the bfloat16 product the reference runs,
+several times slower than the float32 one, while decoding a weight costs a few percent of the float32
+product: bench/quantized.py's "decode" section measures eager, the decode alone and this backend per
+format at the H3 step's shapes. For int8 the other candidates were slower or inexact at those shapes
+(one thread, 1,060 tokens, 1344 -> 5376 and 3584 -> 1344, AVX2 AMD EPYC): `torch._int_mm` took about 25x
+this backend's time, `torch._weight_int8pack_mm` 2.5x (bfloat16 activation) to 37x (float32), and
+oneDNN's own int8 product (`onednn::qlinear_pointwise`, prepacked weight), though 0.4x, sums pairs of
+products in 16 bits on this CPU, which saturates for 8-bit activations (9.7% error) and is exact only
+for 7-bit ones (1.8% error against the float product, twice the activation rounding of the int8 product
+on CUDA), so it is not used. On CUDA `torch._int_mm` runs on int8 tensor cores and stays the choice.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ from kernels import compiled as _compiled
 from kernels.linear import LINEAR as float_linear
 from kernels.linear import _flatten_epilogue, apply_prologue, flatten_residual_scale, linear_eager
 from kernels.prologues import Prologue
-from kernels.quantized import (FLOAT8_FORMATS, QuantizedWeight, WeightFormat, hadamard, rotate_rows,
+from kernels.quantized import (DECODERS, FLOAT8_FORMATS, QuantizedWeight, WeightFormat, hadamard, rotate_rows,
                                rotate_rows_factored)
 from kernels.registry import KernelRegistry
 
@@ -219,51 +223,57 @@ def quantized_linear_int8_compiled(x: torch.Tensor, weight: QuantizedWeight, bia
 
 
 # ----------------------------------------------------------------------------------------------
-# int8, dequantized (the CPU's choice)
+# dequantized (the CPU's choice, every format)
 
-_scratch = threading.local()  # per thread: the float32 buffer int8 weights are decoded into
+_scratch = threading.local()  # per thread: the float32 buffer weights are decoded into
 
 
-def dequantize_int8_stored(weight: QuantizedWeight) -> torch.Tensor:
-    """codes * row scale in float32, in the stored (for convrot: rotated) frame, in this thread's reused buffer.
+def decode_into_buffer(weight: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight (N, K) in the stored frame (for convrot: rotated), decoded into this thread's reused buffer.
 
-    The buffer grows to the largest layer decoded so far and is overwritten by the next call on the
-    same thread: the result is valid until then, and never handed out beyond one product.
+    The buffer grows to the largest layer decoded so far (at its stored, possibly padded, shape) and
+    is overwritten by the next call on the same thread: the result is valid until then, and never
+    handed out beyond one product. Block formats whose columns are padded give a strided view.
     """
-    out_features, in_features = weight.shape
-    count = out_features * in_features
+    rows, cols = weight.stored_shape
+    count = rows * cols
     buffer = getattr(_scratch, "buffer", None)
     if buffer is None or buffer.numel() < count or buffer.device != weight.data.device:
         buffer = _scratch.buffer = torch.empty(count, dtype=torch.float32, device=weight.data.device)
-    decoded = buffer[:count].view(out_features, in_features)
-    return torch.mul(weight.data, weight.scale.float().reshape(-1, 1), out=decoded)
+    decoded = weight.decode_stored(buffer[:count].view(rows, cols))
+    out_features, in_features = weight.shape
+    return decoded if (rows, cols) == (out_features, in_features) else decoded[:out_features, :in_features]
 
 
-def _int8_dequantized_check(x, weight, bias=None, **_options) -> str | None:
-    if not isinstance(weight, QuantizedWeight) or weight.format is not WeightFormat.INT8:
-        return "the weight is not int8_tensorwise"
+def _dequantized_check(x, weight, bias=None, **_options) -> str | None:
+    if not isinstance(weight, QuantizedWeight) or weight.format not in DECODERS:
+        return "the weight is not in a format with a decoder"
     if weight.full_precision:
         return "the layer is marked full_precision_matrix_mult"
     if x.device.type != "cpu" or weight.data.device.type != "cpu":
-        return "the dequantizing product serves the CPU (on CUDA the int8 product is the faster one)"
+        return "the dequantizing product serves the CPU (on CUDA the formats' own products and the reference run)"
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"x dtype {x.dtype} is not one the float32 product can stand in for"
     if torch.is_grad_enabled() and x.requires_grad:
         return "x requires grad; the decoded weight lives in a reused buffer (inference only)"
     return None
 
 
-def quantized_linear_int8_dequantized(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
-                                      *, prologue: Prologue | str | None = None,
-                                      prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                                      residual: torch.Tensor | None = None,
-                                      residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
-    """The float32 product on the decoded int8 weight; a convrot layer rotates the activation, not the weight."""
+def quantized_linear_dequantized(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                                 *, prologue: Prologue | str | None = None,
+                                 prologue_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                                 residual: torch.Tensor | None = None,
+                                 residual_scale: torch.Tensor | float | None = None) -> torch.Tensor:
+    """The float32 product on the weight decoded into the thread's buffer; a convrot layer rotates the activation."""
     h = x.float()
+    if weight.pre_quant_scale is not None or weight.rotation_group:
+        h = product_input(h, weight, prologue, prologue_weight, eps)
+        prologue = prologue_weight = None
     if weight.rotation_group:
         # x @ W.T = rotate(x) @ stored.T (the rotation is symmetric and its own inverse), and rotating
         # the M activation rows costs less than rotating the N weight rows whenever M < N.
-        h = rotate_rows_factored(apply_prologue(h, prologue, prologue_weight, eps), weight.rotation_group)
-        prologue = prologue_weight = None
-    y = float_linear(h, dequantize_int8_stored(weight), bias.float() if bias is not None else None,
+        h = rotate_rows_factored(h, weight.rotation_group)
+    y = float_linear(h, decode_into_buffer(weight), bias.float() if bias is not None else None,
                      prologue=prologue, prologue_weight=prologue_weight, eps=eps, residual=residual,
                      residual_scale=residual_scale)
     return y if residual is not None else y.to(x.dtype)
@@ -324,7 +334,7 @@ QUANTIZED_LINEAR.register("fp8", quantized_linear_fp8, check=_fp8_check, availab
 QUANTIZED_LINEAR.register("int8", quantized_linear_int8, check=_int8_check, before="fp8")
 QUANTIZED_LINEAR.register("int8_compiled", quantized_linear_int8_compiled, check=_int8_compiled_check,
                           available=_compiled.available, worthwhile=_int8_compiled_worthwhile, before="int8")
-QUANTIZED_LINEAR.register("int8_dequantized", quantized_linear_int8_dequantized, check=_int8_dequantized_check,
+QUANTIZED_LINEAR.register("dequantized", quantized_linear_dequantized, check=_dequantized_check,
                           before="int8_compiled")
 
 

@@ -46,6 +46,16 @@ def test_int8_tensorwise_scalar_scale_matches_kitchen():
     assert torch.equal(QuantizedWeight(WeightFormat.INT8, q, s, torch.Size((64, 48))).dequantize(), expected)
 
 
+def test_int8_row_scales_read_alike_as_a_column_or_a_vector():
+    # A square layer, where a vector of row scales would otherwise broadcast over the columns unnoticed.
+    w = _weight((48, 48))
+    q, s = kitchen.quantize_int8_rowwise(w)
+    as_column = QuantizedWeight(WeightFormat.INT8, q, s, torch.Size((48, 48))).dequantize()
+    as_vector = QuantizedWeight(WeightFormat.INT8, q, s.reshape(-1), torch.Size((48, 48))).dequantize()
+    assert torch.equal(as_vector, as_column)
+    assert torch.equal(as_column, q.float() * s.reshape(-1, 1))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_nvfp4_dequantization_matches_kitchen(shape):
     w = _weight(shape)
