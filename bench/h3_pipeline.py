@@ -14,7 +14,9 @@ and at the editor's default method (asked for in `extra_data`, as the editor doe
 engine's event stream, in wall time and in this process's CPU time (every thread: the render thread and
 the server's encoding count too; the steadier figure on a shared machine); the ratio default/off is the
 goal (<= 1.05); preview frames per second is the number of binary preview frames the client received
-over the sampling wall time of the jobs that sent them. A third kind of job in each round asks for `taesd`,
+over the sampling wall time of the jobs that sent them. From each job's profile (`/jobs/{id}`): the sampler
+thread's CPU per step and the render thread's CPU per picture (`preview_cpu_ms` / `preview_pictures`), the
+cost of a picture beside that of a step, whatever else the machine runs. A third kind of job in each round asks for `taesd`,
 drawn by a tiny taeh3 (models/vae_approx, written for the run): its ratio to off has the goal <= 1.10.
 The render thread draws every step it keeps up with (a newer step replaces a picture still waiting, the
 last step is always drawn): the frames received are counted per method, out of the steps the jobs ran.
@@ -173,6 +175,8 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
               "taesd": {"preview_method": "taesd"}}
     spans: dict[str, list[float]] = {label: [] for label in labels}
     cpu: dict[str, list[float]] = {label: [] for label in labels}
+    sampler_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the sampler thread's CPU ms per step
+    picture_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the render thread's CPU ms per picture
     frames_received = 0
     taesd_frames = 0
     try:
@@ -180,7 +184,7 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
             async with session.ws_connect(f"{url}/ws?clientId=bench") as ws:
                 await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
 
-                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int]:
+                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int, dict]:
                     prompt[noise]["inputs"]["noise_seed"] = seed
                     body = {"prompt": prompt, "client_id": "bench", "extra_data": extra}
                     async with session.post(f"{url}/prompt", json=body) as reply:
@@ -197,16 +201,22 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
                                 if event["type"] == "execution_error":
                                     raise SystemExit(f"the workflow failed: {message.data[:2000]}")
                                 break
-                    return _sampler_span(timeline, prompt_id, sampler), previews
+                    async with session.get(f"{url}/jobs/{prompt_id}") as reply:
+                        row = ((await reply.json()).get("profile") or {}).get("nodes", {}).get(sampler, {})
+                    return _sampler_span(timeline, prompt_id, sampler), previews, row
 
                 await one_job(1, labels["default"])  # warm-up: loading, text encoding and the preview fit happen here
                 await one_job(2, labels["taesd"])  # and the taeh3 load
                 order = list(labels)
                 for i in range(rounds):
                     for n, label in enumerate(order[i % 3:] + order[:i % 3]):  # a rotating order per round
-                        (span, cpu_span), previews = await one_job(100 + 3 * i + n, labels[label])
+                        (span, cpu_span), previews, row = await one_job(100 + 3 * i + n, labels[label])
                         spans[label].append(span)
                         cpu[label].append(cpu_span)
+                        sampler_cpu[label].append(row.get("cpu_ms", 0.0) / steps)
+                        counts = row.get("counts", {})
+                        if counts.get("preview_pictures"):
+                            picture_cpu[label].append(counts["preview_cpu_ms"] / counts["preview_pictures"])
                         if label == "default":
                             frames_received += previews
                         elif label == "taesd":
@@ -226,7 +236,9 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
             "sampling_ms_taesd": taesd * 1000, "ratio_taesd_to_off": taesd / off,
             "sampling_cpu_ms_taesd": cpu_taesd * 1000, "cpu_ratio_taesd_to_off": cpu_taesd / cpu_off,
             "taesd_ratios_per_round": [t / o for o, t in zip(spans["off"], spans["taesd"])],
-            "taesd_preview_frames": taesd_frames, "steps_per_method": steps * rounds}
+            "taesd_preview_frames": taesd_frames, "steps_per_method": steps * rounds,
+            "sampler_thread_cpu_ms_per_step": {k: statistics.median(v) for k, v in sampler_cpu.items() if v},
+            "render_thread_cpu_ms_per_picture": {k: statistics.median(v) for k, v in picture_cpu.items() if v}}
 
 
 def _sampler_span(timeline: list, prompt_id: str, sampler: str) -> tuple[float, float]:
@@ -301,6 +313,10 @@ def print_previews(previews: dict) -> None:
     print(f"{'CPU ratio taesd / off':<34} {previews['cpu_ratio_taesd_to_off']:>10.3f}")
     print(f"{'taesd preview frames received':<34} {previews['taesd_preview_frames']:>10d} "
           f"of {previews['steps_per_method']} steps")
+    print("CPU ms of the sampler's thread per step, and of the render thread per picture (profile counts):")
+    for label, per_step in previews["sampler_thread_cpu_ms_per_step"].items():
+        picture = previews["render_thread_cpu_ms_per_picture"].get(label)
+        print(f"  {label:<8} {per_step:>8.2f} per step" + (f" {picture:>8.2f} per picture" if picture else ""))
 
 
 if __name__ == "__main__":

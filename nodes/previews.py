@@ -15,7 +15,8 @@ Which steps are drawn: every one the render thread keeps up with. The hand-off b
 the render thread holds one picture to draw, the newest step's: a step that arrives while a picture is
 being drawn replaces the one waiting (whose step is then sent as plain progress), so the sampler never
 waits for a picture and nothing queues behind a slow one. The sampler's last step is always drawn, so
-the final picture is the one shown; leaving the block waits for it.
+the final picture is the one shown; leaving the block waits for it. The sampler node's profile row counts
+the pictures drawn (`preview_pictures`) and the render thread's CPU time for them (`preview_cpu_ms`).
 
 A picture is made as one uint8 array (the frame, resized only when it is larger than `--preview-size`,
 then the audio's loudness band drawn into its bottom rows with array operations) and turned into a
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -231,7 +233,12 @@ class SamplerPreviews:
             picture = None
             if newest is not None and not self.failed:
                 try:
+                    began = time.thread_time()
                     picture = self._picture(newest[1], newest[2])
+                    # The node's profile row: how many pictures, and this thread's CPU for them (the row's
+                    # own cpu_ms is the sampler's thread).
+                    self.ctx.count("preview_pictures")
+                    self.ctx.count("preview_cpu_ms", round((time.thread_time() - began) * 1000.0, 3))
                 except Exception:
                     self.failed = True
                     logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,

@@ -216,6 +216,8 @@ def test_taesd_previews_are_taeh3_frames_of_the_picture_size_every_step(h3, monk
     denoised = result.outputs["probe_denoised"]["values"][0]["samples"]
     shots = [d for e, d in seen if e == "preview" and d["node"] == "sample"]
     assert 1 <= len(shots) <= 3 and len(decoded) == len(shots)
+    counts = result.profile["sample"]["counts"]  # the pictures and the render thread's CPU for them
+    assert counts["preview_pictures"] == len(shots) and counts["preview_cpu_ms"] > 0
     assert all(d["image"][1].size == (64, 32) for d in shots)  # taeh3 draws at full resolution: 16x the latent
     decoder, latents, index = decoded[-1]
     assert tuple(latents.shape) == (1, 24, 4, 2, 4) and index == 3  # middle latent 3 of 7, from its clip's start
