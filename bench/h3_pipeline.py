@@ -7,19 +7,23 @@ Each stage is one node of the workflow; its wall time and its thread CPU time co
 profile (this machine is shared, so CPU time is the steadier figure). Then the transformer alone:
 tokens per second of one forward at three packed sequence lengths (median of several forwards).
 
-Live previews: the same workflow through the real server with one websocket client (which announces
+Live previews: the same workflow through the real server (running its jobs in its own process, as
+`--in-process-jobs` does) with one websocket client (which announces
 `supports_preview_metadata`), alternating jobs with previews off (`extra_data.preview_method: none`)
 and at the editor's default method (asked for in `extra_data`, as the editor does), each with a new seed. Sampling time is the sampler node's span in the
 engine's event stream, in wall time and in this process's CPU time (every thread: the render thread and
 the server's encoding count too; the steadier figure on a shared machine); the ratio default/off is the
 goal (<= 1.05); preview frames per second is the number of binary preview frames the client received
-over the sampling wall time of the jobs that sent them. A third kind of job in each round asks for `taesd`,
+over the sampling wall time of the jobs that sent them. From each job's profile (`/jobs/{id}`): the sampler
+thread's CPU per step and the render thread's CPU per picture (`preview_cpu_ms` / `preview_pictures`), the
+cost of a picture beside that of a step, whatever else the machine runs. A third kind of job in each round asks for `taesd`,
 drawn by a tiny taeh3 (models/vae_approx, written for the run): its ratio to off has the goal <= 1.10.
-Pictures keep to nodes/previews.py's share of the sampling time (PREVIEW_SHARE, the last step always
-drawn), so on these fast tiny steps not every step is drawn: the frames received are counted per method.
+The render thread draws every step it keeps up with (a newer step replaces a picture still waiting, the
+last step is always drawn): the frames received are counted per method, out of the steps the jobs ran.
 The three kinds run in a rotating order each round.
 
     .venv/bin/python bench/h3_pipeline.py
+    .venv/bin/python bench/h3_pipeline.py --only previews --rounds 15   # the preview rounds alone
 
 The last line printed is one JSON object with every figure.
 """
@@ -139,12 +143,12 @@ def transformer_throughput(base: Path) -> list[dict]:
     return rows
 
 
-def preview_cost(base: Path) -> dict:
+def preview_cost(base: Path, rounds: int = PREVIEW_ROUNDS) -> dict:
     """Sampling time with previews off and at the default method, and preview frames per second."""
-    return asyncio.run(_preview_rounds(base))
+    return asyncio.run(_preview_rounds(base, rounds))
 
 
-async def _preview_rounds(base: Path) -> dict:
+async def _preview_rounds(base: Path, rounds: int) -> dict:
     import aiohttp
 
     import main as weft_main
@@ -157,6 +161,7 @@ async def _preview_rounds(base: Path) -> dict:
     prompt = ui_to_api(json.loads(WORKFLOW.read_text()), runtime.registry)
     (noise,) = [n for n, node in prompt.items() if node["class_type"] == "RandomNoise"]
     (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "SamplerCustomAdvanced"]
+    (steps,) = [node["inputs"]["steps"] for node in prompt.values() if node["class_type"] == "BasicScheduler"]
     timeline: list[tuple[float, float, str, dict]] = []  # (wall, process CPU, event, data) as the engine emits them
     runtime.events.subscribe(
         lambda event, data: timeline.append((time.perf_counter(), time.process_time(), event, data)))
@@ -170,6 +175,8 @@ async def _preview_rounds(base: Path) -> dict:
               "taesd": {"preview_method": "taesd"}}
     spans: dict[str, list[float]] = {label: [] for label in labels}
     cpu: dict[str, list[float]] = {label: [] for label in labels}
+    sampler_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the sampler thread's CPU ms per step
+    picture_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the render thread's CPU ms per picture
     frames_received = 0
     taesd_frames = 0
     try:
@@ -177,7 +184,7 @@ async def _preview_rounds(base: Path) -> dict:
             async with session.ws_connect(f"{url}/ws?clientId=bench") as ws:
                 await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
 
-                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int]:
+                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int, dict]:
                     prompt[noise]["inputs"]["noise_seed"] = seed
                     body = {"prompt": prompt, "client_id": "bench", "extra_data": extra}
                     async with session.post(f"{url}/prompt", json=body) as reply:
@@ -194,16 +201,22 @@ async def _preview_rounds(base: Path) -> dict:
                                 if event["type"] == "execution_error":
                                     raise SystemExit(f"the workflow failed: {message.data[:2000]}")
                                 break
-                    return _sampler_span(timeline, prompt_id, sampler), previews
+                    async with session.get(f"{url}/jobs/{prompt_id}") as reply:
+                        row = ((await reply.json()).get("profile") or {}).get("nodes", {}).get(sampler, {})
+                    return _sampler_span(timeline, prompt_id, sampler), previews, row
 
                 await one_job(1, labels["default"])  # warm-up: loading, text encoding and the preview fit happen here
                 await one_job(2, labels["taesd"])  # and the taeh3 load
                 order = list(labels)
-                for i in range(PREVIEW_ROUNDS):
+                for i in range(rounds):
                     for n, label in enumerate(order[i % 3:] + order[:i % 3]):  # a rotating order per round
-                        (span, cpu_span), previews = await one_job(100 + 3 * i + n, labels[label])
+                        (span, cpu_span), previews, row = await one_job(100 + 3 * i + n, labels[label])
                         spans[label].append(span)
                         cpu[label].append(cpu_span)
+                        sampler_cpu[label].append(row.get("cpu_ms", 0.0) / steps)
+                        counts = row.get("counts", {})
+                        if counts.get("preview_pictures"):
+                            picture_cpu[label].append(counts["preview_cpu_ms"] / counts["preview_pictures"])
                         if label == "default":
                             frames_received += previews
                         elif label == "taesd":
@@ -213,7 +226,7 @@ async def _preview_rounds(base: Path) -> dict:
     off, default = statistics.median(spans["off"]), statistics.median(spans["default"])
     cpu_off, cpu_default = statistics.median(cpu["off"]), statistics.median(cpu["default"])
     taesd, cpu_taesd = statistics.median(spans["taesd"]), statistics.median(cpu["taesd"])
-    return {"method": EDITOR_DEFAULT_METHOD, "rounds": PREVIEW_ROUNDS, "sampling_ms_off": off * 1000,
+    return {"method": EDITOR_DEFAULT_METHOD, "rounds": rounds, "sampling_ms_off": off * 1000,
             "sampling_ms_default": default * 1000, "ratio_default_to_off": default / off,
             "sampling_cpu_ms_off": cpu_off * 1000, "sampling_cpu_ms_default": cpu_default * 1000,
             "cpu_ratio_default_to_off": cpu_default / cpu_off,
@@ -223,7 +236,9 @@ async def _preview_rounds(base: Path) -> dict:
             "sampling_ms_taesd": taesd * 1000, "ratio_taesd_to_off": taesd / off,
             "sampling_cpu_ms_taesd": cpu_taesd * 1000, "cpu_ratio_taesd_to_off": cpu_taesd / cpu_off,
             "taesd_ratios_per_round": [t / o for o, t in zip(spans["off"], spans["taesd"])],
-            "taesd_preview_frames": taesd_frames}
+            "taesd_preview_frames": taesd_frames, "steps_per_method": steps * rounds,
+            "sampler_thread_cpu_ms_per_step": {k: statistics.median(v) for k, v in sampler_cpu.items() if v},
+            "render_thread_cpu_ms_per_picture": {k: statistics.median(v) for k, v in picture_cpu.items() if v}}
 
 
 def _sampler_span(timeline: list, prompt_id: str, sampler: str) -> tuple[float, float]:
@@ -240,11 +255,28 @@ def _sampler_span(timeline: list, prompt_id: str, sampler: str) -> tuple[float, 
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("previews",), default=None,
+                        help="run one section alone (previews: the live-preview rounds through the server)")
+    parser.add_argument("--rounds", type=int, default=PREVIEW_ROUNDS,
+                        help=f"side-by-side rounds of preview jobs (default {PREVIEW_ROUNDS})")
+    options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weft-h3-bench-") as tmp:
         base = Path(tmp)
+        if options.only == "previews":
+            from models.h3.make_tiny import write_tiny
+
+            write_tiny(base / "models")
+            previews = preview_cost(base, options.rounds)
+            print_previews(previews)
+            print(json.dumps({"workflow": str(WORKFLOW.relative_to(ROOT)), "torch_threads": torch.get_num_threads(),
+                              "previews": previews}))
+            return
         figures = pipeline(base)
         throughput = transformer_throughput(base)
-        previews = preview_cost(base)
+        previews = preview_cost(base, options.rounds)
     print(f"workflow: {WORKFLOW.relative_to(ROOT)} (tiny random H3 weights; torch threads: {torch.get_num_threads()})")
     print(f"tiny weights written in {figures['weights_written_ms']:.0f} ms")
     print(f"{'stage':<16} {'cold wall ms':>12} {'cold cpu ms':>12} {'warm wall ms':>12} {'warm cpu ms':>12}")
@@ -260,6 +292,12 @@ def main() -> None:
         print(f"{label:<28} {row['tokens']:>7} {row['forward_ms']:>11.1f} {row['forward_cpu_ms']:>9.1f} "
               f"{row['tokens_per_s']:>10.0f}")
     print()
+    print_previews(previews)
+    print(json.dumps({"workflow": str(WORKFLOW.relative_to(ROOT)), "torch_threads": torch.get_num_threads(),
+                      **figures, "transformer": throughput, "previews": previews}))
+
+
+def print_previews(previews: dict) -> None:
     print(f"live previews ({previews['method']}), median of {previews['rounds']} side-by-side jobs:")
     print(f"{'sampling ms, previews off':<34} {previews['sampling_ms_off']:>10.1f}")
     print(f"{'sampling ms, default method':<34} {previews['sampling_ms_default']:>10.1f}")
@@ -268,12 +306,17 @@ def main() -> None:
     print(f"{'CPU ms, default method':<34} {previews['sampling_cpu_ms_default']:>10.1f}")
     print(f"{'CPU ratio default / off':<34} {previews['cpu_ratio_default_to_off']:>10.3f}")
     print(f"{'preview frames/s to one client':<34} {previews['preview_frames_per_s']:>10.1f}")
+    print(f"{'default preview frames received':<34} {previews['preview_frames']:>10d} "
+          f"of {previews['steps_per_method']} steps")
     print(f"{'sampling ms, taesd (taeh3)':<34} {previews['sampling_ms_taesd']:>10.1f}")
     print(f"{'ratio taesd / off (goal <= 1.10)':<34} {previews['ratio_taesd_to_off']:>10.3f}")
     print(f"{'CPU ratio taesd / off':<34} {previews['cpu_ratio_taesd_to_off']:>10.3f}")
-    print(f"{'taesd preview frames received':<34} {previews['taesd_preview_frames']:>10d}")
-    print(json.dumps({"workflow": str(WORKFLOW.relative_to(ROOT)), "torch_threads": torch.get_num_threads(),
-                      **figures, "transformer": throughput, "previews": previews}))
+    print(f"{'taesd preview frames received':<34} {previews['taesd_preview_frames']:>10d} "
+          f"of {previews['steps_per_method']} steps")
+    print("CPU ms of the sampler's thread per step, and of the render thread per picture (profile counts):")
+    for label, per_step in previews["sampler_thread_cpu_ms_per_step"].items():
+        picture = previews["render_thread_cpu_ms_per_picture"].get(label)
+        print(f"  {label:<8} {per_step:>8.2f} per step" + (f" {picture:>8.2f} per picture" if picture else ""))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ class BackendOverride:
             return None
         known = _backend_names()
         if self.everywhere not in known:
-            import kernels.attention, kernels.conv3d, kernels.linear, kernels.quantized_linear  # noqa: F401 (every op registers its backends)
+            import kernels.attention, kernels.conv2d, kernels.conv3d, kernels.linear, kernels.quantized_linear  # noqa: F401,E501 (every op registers its backends)
             known = _backend_names()
         if self.everywhere not in known:
             raise ValueError(f"{ENV_VAR}={self.text!r}: no op has a backend named {self.everywhere!r}; "
@@ -277,7 +277,7 @@ class KernelRegistry:
 
 
 def registry(op: str) -> KernelRegistry:
-    """The registry of `op` ('linear', 'conv3d', 'attention')."""
+    """The registry of `op` ('linear', 'conv2d', 'conv3d', 'attention', ...)."""
     try:
         return _registries[op]
     except KeyError:

@@ -11,13 +11,17 @@ step; drawing happens on a render thread, which sends each step's `progress` rig
 preview (ComfyUI's order), and a preview that fails is logged once and switched off for that run, never
 failing the job.
 
-How often a step is drawn: the render thread draws the newest step handed to it, and only when drawing
-stays within `PREVIEW_SHARE` of the wall time: after a picture that took d seconds, the next one starts no
-sooner than d / PREVIEW_SHARE after it began. A step that comes sooner is sent as plain progress. The
-sampler's last step is always drawn, so the final picture is the one shown. When a step takes longer
-than the pictures' allowance (a real model, or a cheap method) every step is drawn; when steps come
-faster than that (tiny models and taeh3 on a CPU) previews come at a steady rate instead, and a CPU the
-sampler keeps busy loses at most about that share of its time to them.
+Which steps are drawn: every one the render thread keeps up with. The hand-off between the sampler and
+the render thread holds one picture to draw, the newest step's: a step that arrives while a picture is
+being drawn replaces the one waiting (whose step is then sent as plain progress), so the sampler never
+waits for a picture and nothing queues behind a slow one. The sampler's last step is always drawn, so
+the final picture is the one shown; leaving the block waits for it. The sampler node's profile row counts
+the pictures drawn (`preview_pictures`) and the render thread's CPU time for them (`preview_cpu_ms`).
+
+A picture is made as one uint8 array (the frame, resized only when it is larger than `--preview-size`,
+then the audio's loudness band drawn into its bottom rows with array operations) and turned into a
+PIL image once; the render thread holds Python's lock as little as it can, since the sampler's own
+thread needs it between its operations.
 """
 from __future__ import annotations
 
@@ -42,7 +46,6 @@ TAEH3_KEY = "preview_taeh3"  # runtime services: {(path, size, mtime): its loade
 TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI's previews look for in vae_approx)
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
-PREVIEW_SHARE = 0.05  # the most of the wall time drawing previews may take (the last step is always drawn)
 
 
 def register_vae(vae: Any) -> None:
@@ -92,52 +95,53 @@ def audio_loudness(audio: torch.Tensor, bins: int) -> np.ndarray:
     if energy.size == 0 or bins < 1:
         return np.zeros(0)
     edges = np.linspace(0, energy.size, min(bins, energy.size) + 1).round().astype(int)
-    levels = np.sqrt(np.array([energy[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]))
+    counts = np.maximum(np.diff(edges), 1)
+    levels = np.sqrt(np.add.reduceat(energy, edges[:-1]) / counts)
     top = float(levels.max())
     if top <= 0.0 or not math.isfinite(top):
         return np.zeros(levels.size)
     return levels / top
 
 
-def draw_audio_band(image: Any, audio: torch.Tensor) -> Any:
-    """`image` with the audio's loudness over time drawn as bars along its bottom edge (a new image)."""
-    from PIL import Image, ImageDraw
+BAND_SHADE = 16  # the grey the band's background is darkened towards
+BAND_DARKEN = 0.7  # how far towards it
+BAR_COLOUR = (120, 220, 160)
 
-    width, height = image.size
-    band = max(AUDIO_BAND_MIN_PX, round(height * AUDIO_BAND))
-    if band >= height:
-        band = height
+
+def draw_audio_band(pixels: np.ndarray, audio: torch.Tensor) -> np.ndarray:
+    """Draw the audio's loudness over time as bars along the bottom rows of `pixels` ((H, W, 3) uint8, changed
+    in place and returned): the band's rows are darkened, then each column gets the bar of its stretch."""
+    height, width = pixels.shape[:2]
+    band = min(height, max(AUDIO_BAND_MIN_PX, round(height * AUDIO_BAND)))
+    region = pixels[height - band:]
+    region[...] = (region * (1.0 - BAND_DARKEN) + (BAND_SHADE * BAND_DARKEN + 0.5)).astype(np.uint8)
     levels = audio_loudness(audio, max(1, width // 2))
-    out = image.convert("RGB")
-    shade = Image.new("RGB", (width, band), (16, 16, 16))
-    out.paste(Image.blend(out.crop((0, height - band, width, height)), shade, 0.7), (0, height - band))
-    draw = ImageDraw.Draw(out)
-    step = width / max(1, levels.size)
-    for index, level in enumerate(levels):
-        bar = max(1, round(float(level) * (band - 2)))
-        left = round(index * step)
-        right = max(left, round((index + 1) * step) - 1)
-        draw.rectangle((left, height - 1 - bar, right, height - 1), fill=(120, 220, 160))
-    return out
+    if levels.size == 0:
+        return pixels
+    column_bin = np.minimum(np.arange(width) * levels.size // width, levels.size - 1)
+    bars = np.maximum(1, np.round(levels * (band - 2))).astype(int)[column_bin]  # rows above the bottom one
+    rows = np.arange(band)[:, None]
+    region[rows >= band - 1 - bars[None, :]] = BAR_COLOUR
+    return pixels
 
 
-def audio_picture(audio: torch.Tensor, size: int) -> Any:
-    """A preview of audio alone (no video to draw): its loudness band on a dark picture."""
-    from PIL import Image
-
+def audio_picture(audio: torch.Tensor, size: int) -> np.ndarray:
+    """A preview of audio alone (no video to draw): its loudness band on a dark picture, (H, W, 3) uint8."""
     width = max(8, size)
-    blank = Image.new("RGB", (width, max(8, width // 4)), (16, 16, 16))
+    blank = np.full((max(8, width // 4), width, 3), BAND_SHADE, dtype=np.uint8)
     return draw_audio_band(blank, audio) if audio.numel() else blank
 
 
 class SamplerPreviews:
     """One sampler run's progress and previews. Used as `with SamplerPreviews.start(latent) as previews:`.
 
-    With previews on, `report` hands each step (its middle latent frame and audio latent, small copies) to
-    a render thread and returns: the sampler never waits for a picture. The thread draws the newest step
-    waiting and sends the steps it skipped as plain progress, then the drawn step's `progress` carrying
-    its preview, so every step's progress arrives, in order, each after its own preview. Leaving the block
-    waits for the last one, so every preview of a node comes before the node's end.
+    With previews on, `report` hands each step to a render thread and returns: the sampler never waits for
+    a picture. What is handed over (under `_wake`): `_steps`, the steps not yet sent, in order, and
+    `_newest`, the newest step with something to draw (its middle latent frame and audio latent, small
+    copies), which a later one replaces before it is drawn. The thread draws `_newest` and sends every
+    step in `_steps` in order, the drawn one's `progress` carrying its preview, so every step's progress
+    arrives, in order, each after its own preview. Leaving the block waits for the last one, so every
+    preview of a node comes before the node's end.
     """
 
     def __init__(self, ctx: RunContext, method: str, vae: Any = None, size: int = DEFAULT_PREVIEW_SIZE,
@@ -148,7 +152,8 @@ class SamplerPreviews:
         self.taeh3 = taeh3  # the taeh3 decoder drawing the `taesd` previews
         self.size = size
         self.failed = False
-        self._pending: list[tuple] = []
+        self._steps: list[tuple[int, int]] = []  # (step, total) reported, not yet sent
+        self._newest: tuple | None = None  # (step, frame, sound): the picture waiting to be drawn
         self._closed = False
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -185,7 +190,7 @@ class SamplerPreviews:
             return
         video, audio = denoised.get("samples"), denoised.get("audio_samples")
         frame = sound = None
-        if not (self.method == "full" and step % FULL_DECODE_EVERY and step != total):
+        if not self.failed and not (self.method == "full" and step % FULL_DECODE_EVERY and step != total):
             if self.taeh3 is not None and isinstance(video, torch.Tensor) and video.dim() == 5:
                 middle = video.shape[2] // 2  # the middle latent frame, with the latents of its clip before it
                 frame = video[:1, :, middle - middle % CLIP_LATENTS:middle + 1].detach().clone()
@@ -193,61 +198,62 @@ class SamplerPreviews:
                 frame = video[0, :, video.shape[2] // 2].detach().clone()  # the middle latent frame
             if isinstance(audio, torch.Tensor) and audio.dim() >= 3:
                 sound = audio[:1].detach().clone()
-        self._submit((step, total, frame, sound))
-
-    def close(self, *, wait: bool = True) -> None:
-        """Stop the render thread; with `wait`, after it has sent every step handed to it."""
         with self._wake:
-            if not wait:
-                self._pending.clear()
-            self._closed = True
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=60 if wait else 5)
-
-    # render thread
-    def _submit(self, work: tuple) -> None:
-        with self._wake:
-            self._pending.append(work)
+            self._steps.append((step, total))
+            if frame is not None or sound is not None:
+                self._newest = (step, frame, sound)  # an older picture not yet drawn is dropped here
             if self._thread is None:
                 self._thread = threading.Thread(target=self._render_loop, name=f"weft-preview-{self.ctx.node_id}",
                                                 daemon=True)
                 self._thread.start()
             self._wake.notify()
 
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the render thread; with `wait`, after it has sent every step handed to it."""
+        with self._wake:
+            if not wait:
+                self._steps.clear()
+                self._newest = None
+            self._closed = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=60 if wait else 5)
+
+    # render thread
     def _render_loop(self) -> None:
         one_cpu_thread_here()  # the sampler's thread team already has every core
-        next_picture_at = 0.0  # perf_counter time before which only the last step is drawn (PREVIEW_SHARE)
         while True:
             with self._wake:
-                while not self._pending and not self._closed:
+                while not self._steps and not self._closed:
                     self._wake.wait()
-                if not self._pending:
+                if not self._steps:
                     return
-                work, self._pending = self._pending, []
-            for step, total, _, _ in work[:-1]:  # older steps not drawn: the newest wins
-                self.ctx.send_progress(step, total)
-            step, total, frame, sound = work[-1]
+                steps, self._steps = self._steps, []
+                newest, self._newest = self._newest, None
             picture = None
-            if not self.failed and (frame is not None or sound is not None):
+            if newest is not None and not self.failed:
                 try:
-                    if frame is not None and self.taeh3 is None and self.method in ("latent2rgb", "taesd-like"):
-                        self._projection()  # fitted once per VAE file: not a cost of this picture
-                    began = time.perf_counter()
-                    if began >= next_picture_at or step >= total:
-                        picture = self._picture(frame, sound)
-                        next_picture_at = began + (time.perf_counter() - began) / PREVIEW_SHARE
+                    began = time.thread_time()
+                    picture = self._picture(newest[1], newest[2])
+                    # The node's profile row: how many pictures, and this thread's CPU for them (the row's
+                    # own cpu_ms is the sampler's thread).
+                    self.ctx.count("preview_pictures")
+                    self.ctx.count("preview_cpu_ms", round((time.thread_time() - began) * 1000.0, 3))
                 except Exception:
                     self.failed = True
                     logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,
                                    exc_info=True)
-            self.ctx.send_progress(step, total, preview=("JPEG", picture, self.size) if picture is not None else None)
+            drawn = newest[0] if picture is not None else None
+            for step, total in steps:
+                shown = ("JPEG", picture, self.size) if step == drawn else None
+                self.ctx.send_progress(step, total, preview=shown)
 
-    def _picture(self, frame: torch.Tensor | None, sound: torch.Tensor | None):
+    def _picture(self, frame: torch.Tensor | None, sound: torch.Tensor | None = None):
+        """The preview of one step as a PIL image: the frame (or a dark picture) with the audio band."""
         from PIL import Image
 
         if frame is None:
-            return audio_picture(sound, self.size)
+            return Image.fromarray(audio_picture(sound, self.size))
         if self.taeh3 is not None:  # frame: (1, C, k, h, w), its clip's latents up to the previewed one
             patch = self.taeh3.spatial_ratio
             with torch.no_grad():  # on the latents' device; the picture comes back to the CPU
@@ -257,17 +263,18 @@ class SamplerPreviews:
             pixels = self.vae.model.decode(frame[None, :, None], tile_batch=1)[0, 0]
         else:
             patch = int(self.vae.model.config.spatial_ratio)
-            projection = self._projection()
+            projection = self._projection()  # fitted once per VAE file (announced), then remembered
             pixels = projection.to_pixels(frame) if self.method == "taesd-like" else projection.to_rgb(frame)
-        array = (pixels.mul(255.0).add_(0.5).clamp_(0, 255)).to(torch.uint8).numpy()
-        image = Image.fromarray(array)
+        array = pixels.mul(255.0).add_(0.5).clamp_(0, 255).to(torch.uint8).contiguous().numpy()
         # Never larger than the real picture nor than --preview-size on its long side.
         full_w, full_h = frame.shape[-1] * patch, frame.shape[-2] * patch
         scale = min(self.size / max(full_w, full_h), 1.0)
         target = (max(1, round(full_w * scale)), max(1, round(full_h * scale)))
-        if image.size != target:
-            image = image.resize(target, Image.BILINEAR)
-        return draw_audio_band(image, sound) if sound is not None else image
+        if (array.shape[1], array.shape[0]) != target:
+            array = np.array(Image.fromarray(array).resize(target, Image.BILINEAR))
+        if sound is not None:
+            draw_audio_band(array, sound)
+        return Image.fromarray(array)
 
     def _projection(self) -> Any:
         return projection_for(self.vae, cache_folder(self.ctx.paths.user), announce=self._announce_fit)

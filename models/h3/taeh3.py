@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.conv2d import conv2d
 from models.h3.latents import CLIP_LATENTS  # latent frames per 17-frame clip of the H3 video VAE
 
 FRAMES_DROPPED = 3  # a decode's first frames that precede the first latent's own frame
@@ -59,8 +60,16 @@ class _Clamp(nn.Module):
         return torch.tanh(x / 3.0) * 3.0
 
 
+class _Conv(nn.Conv2d):
+    """A stride-1 Conv2d run through kernels.conv2d, which picks ATen's own kernel for the small calls a
+    preview makes on the CPU (oneDNN's set-up costs more than their arithmetic there)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv2d(x, self.weight, self.bias, padding=self.padding[0])
+
+
 def _conv(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
-    return nn.Conv2d(n_in, n_out, 3, padding=1, bias=bias)
+    return _Conv(n_in, n_out, 3, padding=1, bias=bias)
 
 
 class MemoryBlock(nn.Module):
@@ -85,7 +94,7 @@ class TimeGrow(nn.Module):
     def __init__(self, width: int, stride: int) -> None:
         super().__init__()
         self.stride = stride
-        self.conv = nn.Conv2d(width, width * stride, 1, bias=False)
+        self.conv = _Conv(width, width * stride, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nt, c, h, w = x.shape

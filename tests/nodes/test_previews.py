@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -101,13 +102,13 @@ def test_audio_loudness_follows_the_energy_over_time_and_is_drawn_into_the_pictu
     audio = torch.zeros(1, 32, 2, 64)
     audio[..., 32:] = 1.0
     assert previews.audio_loudness(audio, 8).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
-    grey = Image.new("RGB", (40, 20), (128, 128, 128))
+    grey = np.full((20, 40, 3), 128, dtype=np.uint8)
     drawn = previews.draw_audio_band(grey, audio)
-    assert drawn.size == grey.size
-    bottom = drawn.getpixel((35, 19)), drawn.getpixel((5, 19))  # loud half: a bar; quiet half: a low one
-    assert bottom[0] == (120, 220, 160)
-    assert drawn.getpixel((5, 15)) != drawn.getpixel((35, 15))  # the loud bar is taller
-    assert drawn.getpixel((20, 2)) == (128, 128, 128)  # the picture above the band is untouched
+    assert drawn is grey and drawn.shape == (20, 40, 3)  # drawn in place
+    assert tuple(drawn[19, 35]) == (120, 220, 160) == tuple(drawn[19, 5])  # each half has a bar (the quiet one low)
+    assert tuple(drawn[15, 35]) == (120, 220, 160) and tuple(drawn[15, 5]) != (120, 220, 160)  # the loud is taller
+    assert tuple(drawn[15, 5]) == (50, 50, 50)  # the band's background: darkened towards its shade
+    assert (drawn[:20 - previews.AUDIO_BAND_MIN_PX] == 128).all()  # the picture above the band (6 rows) is untouched
 
 
 def _run_collecting(h3, prompt, extra_data=None):
@@ -215,6 +216,8 @@ def test_taesd_previews_are_taeh3_frames_of_the_picture_size_every_step(h3, monk
     denoised = result.outputs["probe_denoised"]["values"][0]["samples"]
     shots = [d for e, d in seen if e == "preview" and d["node"] == "sample"]
     assert 1 <= len(shots) <= 3 and len(decoded) == len(shots)
+    counts = result.profile["sample"]["counts"]  # the pictures and the render thread's CPU for them
+    assert counts["preview_pictures"] == len(shots) and counts["preview_cpu_ms"] > 0
     assert all(d["image"][1].size == (64, 32) for d in shots)  # taeh3 draws at full resolution: 16x the latent
     decoder, latents, index = decoded[-1]
     assert tuple(latents.shape) == (1, 24, 4, 2, 4) and index == 3  # middle latent 3 of 7, from its clip's start
@@ -258,15 +261,32 @@ def test_the_render_thread_draws_with_one_cpu_thread_and_leaves_the_others_their
     assert torch.get_num_threads() == before and seen["later"] == before
 
 
-def test_pictures_keep_to_their_share_of_the_time_and_the_last_step_is_always_drawn(h3, monkeypatch):
+def test_a_render_slower_than_the_sampler_drops_waiting_pictures_never_steps_and_draws_the_last(h3, monkeypatch):
+    """The first picture is held until the sampler has reported step 3 of 4: a sampler that waited for its
+    pictures would never get there. The pictures of the steps that came meanwhile are replaced by the
+    newest; every step still reports its progress, in order, and the last step is drawn."""
+    import threading
+
     _install_taeh3(h3)
-    # A share this small makes the allowance after the first picture outlast the run: only the first
-    # picture drawn and the last step's remain, and every step still reports its progress, in order.
-    monkeypatch.setattr(previews, "PREVIEW_SHARE", 1e-6)
+    reported_three = threading.Event()
+    picture, report = previews.SamplerPreviews._picture, previews.SamplerPreviews.report
+
+    def slow_first_picture(self, frame, sound=None):
+        if not reported_three.is_set():
+            assert reported_three.wait(timeout=120), "the sampler waited for a picture"
+        return picture(self, frame, sound)
+
+    def reporting(self, step, total, denoised):
+        report(self, step, total, denoised)
+        if step == 3:
+            reported_three.set()
+
+    monkeypatch.setattr(previews.SamplerPreviews, "_picture", slow_first_picture)
+    monkeypatch.setattr(previews.SamplerPreviews, "report", reporting)
     h3.runtime.preview_method, h3.runtime.preview_size = None, 512
     seen = _run_collecting(h3, t2va_prompt(width=64, height=32, length=5, steps=4, seed=21, save_video=False),
                            extra_data={"preview_method": "taesd"})
     sampler = [(e, d) for e, d in seen if e in ("preview", "progress") and d.get("node") == "sample"]
     assert [d["value"] for e, d in sampler if e == "progress"] == [1, 2, 3, 4]
     drawn = [sampler[i + 1][1]["value"] for i, (e, _) in enumerate(sampler) if e == "preview"]
-    assert 1 <= len(drawn) <= 2 and drawn[-1] == 4
+    assert drawn[0] == 1 and drawn[-1] == 4 and 2 not in drawn and len(drawn) <= 3
