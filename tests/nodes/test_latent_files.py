@@ -67,17 +67,21 @@ def load_prompt(name: str, *, decode: bool = False) -> dict:
     return prompt
 
 
+def _separate_run(registry, folder, weights, configured_paths) -> H3Env:
+    """A run with its own executor, models and folders under `folder`: it shares nothing with another but files."""
+    install(weights, folder)
+    env = H3Env(registry, folder)
+    configured_paths(env.paths)
+    return env
+
+
 def test_every_kind_of_latent_round_trips_bit_for_bit_and_decodes_in_another_run(
         registry, tmp_path, tmp_path_factory, configured_paths):  # noqa: F811
     weights = tiny_weights(tmp_path_factory)
-    install(weights, tmp_path / "one")
-    first = H3Env(registry, tmp_path / "one")
-    configured_paths(first.paths)
+    first = _separate_run(registry, tmp_path / "one", weights, configured_paths)
     made = first.run(kinds_prompt())
     # Another run, with its own executor, models and folders: it sees only the files.
-    install(weights, tmp_path / "two")
-    second = H3Env(registry, tmp_path / "two")
-    configured_paths(second.paths)
+    second = _separate_run(registry, tmp_path / "two", weights, configured_paths)
     for name in KINDS:
         saved = first.output_file(made, f"save_{name}", "latents")
         with safe_open(str(saved), framework="pt") as handle:
@@ -131,9 +135,7 @@ def _ksampler(latent: list, *, add_noise: str, start: int, end: int, leftover: s
 def test_a_latent_saved_part_way_through_the_schedule_is_finished_by_another_run(
         registry, tmp_path, tmp_path_factory, configured_paths):  # noqa: F811
     weights = tiny_weights(tmp_path_factory)
-    install(weights, tmp_path / "one")
-    first = H3Env(registry, tmp_path / "one")
-    configured_paths(first.paths)
+    first = _separate_run(registry, tmp_path / "one", weights, configured_paths)
     base = t2va_prompt(save_video=False, length=22)
     prompt = {node: base[node] for node in ("unet", "clip", "text", "empty")}
     prompt.update({
@@ -151,9 +153,7 @@ def test_a_latent_saved_part_way_through_the_schedule_is_finished_by_another_run
     made = first.run(prompt)
 
     # Another run with its own executor, cache, models and folders finishes steps 2-3 from the file.
-    install(weights, tmp_path / "two")
-    second = H3Env(registry, tmp_path / "two")
-    configured_paths(second.paths)
+    second = _separate_run(registry, tmp_path / "two", weights, configured_paths)
     shutil.copyfile(first.output_file(made, "save", "latents"), second.paths.input / "half.latent")
     rest = {node: base[node] for node in ("unet", "clip", "text")}
     rest.update({
