@@ -216,17 +216,17 @@ def count_flops(step: DiffusersStep) -> dict[str, int]:
     return {"total": total, "attention": attention, "matmul": total - attention}
 
 
-def measure(runs: dict, rounds: int, sparse: dict[str, int] | None = None
+def measure(runs: dict, rounds: int, rounds_of: dict[str, int] | None = None
             ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """(wall, process CPU) seconds per variant per round; each variant once a round, the order rotated.
 
-    `sparse` names variants timed in only their first N rounds (diffusers' bfloat16 step, emulated on a CPU
+    `rounds_of` names variants timed in only their first N rounds (diffusers' bfloat16 step, emulated on a CPU
     without bfloat16 arithmetic, is several times every other row and far from any target).
     CPU time counts only the time this process ran, so on a machine shared with other busy
     processes it is the steadier figure; wall time is what a user waits.
     """
     order = list(runs)
-    sparse = sparse or {}
+    rounds_of = rounds_of or {}
     wall = {key: [] for key in order}
     cpu = {key: [] for key in order}
     gc.disable()
@@ -234,7 +234,7 @@ def measure(runs: dict, rounds: int, sparse: dict[str, int] | None = None
         for index in range(rounds):
             shift = index % len(order)
             for key in order[shift:] + order[:shift]:
-                if index >= sparse.get(key, rounds):
+                if index >= rounds_of.get(key, rounds):
                     continue
                 cpu_start, start = time.process_time(), time.perf_counter()
                 runs[key]()
@@ -388,7 +388,7 @@ def main() -> None:
                 if key.startswith("weft"):
                     drift[key] = float((out[0] - ref_video).abs().max() / ref_video.abs().max())
             rounds = args.rounds or (2 if args.quick else 3 if size == "small" else 2)
-            wall, cpu = measure(runs, rounds, sparse={"diffusers bf16": args.bf16_reference_rounds})
+            wall, cpu = measure(runs, rounds, rounds_of={"diffusers bf16": args.bf16_reference_rounds})
             rows = {}
             limit = {}
             for clock, times in (("wall", wall), ("cpu", cpu)):

@@ -20,8 +20,9 @@ the pictures drawn (`preview_pictures`) and the render thread's CPU time for the
 
 A picture is made as one uint8 array (the frame, resized only when it is larger than `--preview-size`,
 then the audio's loudness band drawn into its bottom rows with array operations) and turned into a
-PIL image once; the render thread holds Python's lock as little as it can, since the sampler's own
-thread needs it between its operations.
+PIL image once. Few Python-level calls matter here: the render thread and the sampler's thread share
+Python's lock, and on tiny CPU models, where both make many small calls, they take turns on it rather
+than overlapping (bench/h3_pipeline.py's preview section measures the cost).
 """
 from __future__ import annotations
 
