@@ -20,7 +20,7 @@ the time it draws instead of starting a second team that fights the sampler's fo
 """
 from __future__ import annotations
 
-import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -46,18 +46,33 @@ _fits_by_file: dict[tuple[int, int, int, int], "LatentProjection"] = {}
 
 
 def one_cpu_thread_here() -> bool:
-    """Run torch's CPU ops on the calling thread with one OpenMP thread; other threads keep their count.
-    True when that took effect (torch built with OpenMP, whose thread count is per calling thread).
+    """Run torch's CPU ops on the calling thread with one thread; other threads keep their count. True when
+    that took effect (torch built with OpenMP, whose thread count is per calling thread).
 
-    `torch.set_num_threads` would also change the count every thread started later begins with, so the
-    OpenMP call is made directly, after torch's own per-thread set-up has run (it would undo it)."""
-    torch.get_num_threads()  # torch sets this thread's OpenMP count on its first query; let it happen now
-    try:
-        set_threads = ctypes.CDLL(None).omp_set_num_threads
-    except (OSError, AttributeError, TypeError):  # no OpenMP among the process's symbols: count left as is
+    Two counts are per thread: OpenMP's, and MKL's own, which the matrix products inside convolutions and
+    linears read. Only `torch.set_num_threads` reaches MKL's (its symbols are not exported), but it also
+    stores the count every thread started later begins with; so it is called here and the process's count
+    is put back from a short-lived thread, which leaves this thread's at 1. Without MKL's, a process whose
+    count was set explicitly (a Ray worker's) gave the render thread a second MKL team: four busy threads on
+    two cores, which slowed a loop of small matrix products beside it about sevenfold in a measurement
+    (1.3x with this thread's counts at 1). Other parallel
+    backends keep one count for the whole process (and refuse to change it once work has run): nothing is
+    changed there."""
+    if not _counts_are_per_thread():
         return False
-    set_threads(1)
+    before = torch.get_num_threads()  # torch sets this thread's counts on its first query; let it happen now
+    torch.set_num_threads(1)
+    if before != 1:
+        restore = threading.Thread(target=torch.set_num_threads, args=(before,), name="weft-thread-count")
+        restore.start()
+        restore.join()
     return torch.get_num_threads() == 1
+
+
+@functools.cache
+def _counts_are_per_thread() -> bool:
+    """True when torch's CPU thread counts are kept per calling thread (its OpenMP build)."""
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 
 @dataclass(frozen=True)

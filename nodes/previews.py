@@ -22,7 +22,9 @@ A picture is made as one uint8 array (the frame, resized only when it is larger 
 then the audio's loudness band drawn into its bottom rows with array operations) and turned into a
 PIL image once. Few Python-level calls matter here: the render thread and the sampler's thread share
 Python's lock, and on tiny CPU models, where both make many small calls, they take turns on it rather
-than overlapping (bench/h3_pipeline.py's preview section measures the cost).
+than overlapping. The taeh3 decode, the bulk of a `taesd` picture, is therefore one graph call that lets
+go of the lock for its whole length (models/h3/taeh3.py, `frame_at`); bench/h3_pipeline.py's preview
+section measures what is left.
 """
 from __future__ import annotations
 

@@ -240,15 +240,29 @@ def test_taesd_without_the_file_falls_back_to_latent2rgb_and_says_so_once(h3, ca
     assert len(said) == 1 and "latent2rgb" in said[0].getMessage()
 
 
-def test_the_render_thread_draws_with_one_cpu_thread_and_leaves_the_others_theirs():
+def _mkl_threads_here() -> int | None:
+    """MKL's thread count for the calling thread, as torch reports it (None without MKL)."""
+    for line in torch.__config__.parallel_info().splitlines():
+        if "mkl_get_max_threads()" in line:
+            return int(line.split(":")[-1])
+    return None
+
+
+@pytest.mark.parametrize("set_explicitly", [False, True])
+def test_the_render_thread_draws_with_one_cpu_thread_and_leaves_the_others_theirs(set_explicitly):
+    """Both per-thread counts, OpenMP's and MKL's, drop to 1 on the render thread, also in a process whose
+    count was set explicitly (as a Ray worker sets it; MKL's used to stay at the process's count there)."""
     import threading
 
     before = torch.get_num_threads()
+    if set_explicitly:
+        torch.set_num_threads(before)
     seen = {}
 
     def helper():
         seen["limited"] = latent_preview.one_cpu_thread_here()
         seen["threads"] = torch.get_num_threads()
+        seen["mkl"] = _mkl_threads_here()
 
     thread = threading.Thread(target=helper)
     thread.start()
@@ -257,7 +271,7 @@ def test_the_render_thread_draws_with_one_cpu_thread_and_leaves_the_others_their
     later.start()
     later.join()
     if seen["limited"]:  # torch with OpenMP (the Linux and Windows wheels)
-        assert seen["threads"] == 1
+        assert seen["threads"] == 1 and seen["mkl"] in (1, None)
     assert torch.get_num_threads() == before and seen["later"] == before
 
 
@@ -268,16 +282,19 @@ def test_a_render_slower_than_the_sampler_drops_waiting_pictures_never_steps_and
     import threading
 
     _install_taeh3(h3)
-    reported_three = threading.Event()
+    drawing_first, reported_three = threading.Event(), threading.Event()
     picture, report = previews.SamplerPreviews._picture, previews.SamplerPreviews.report
 
     def slow_first_picture(self, frame, sound=None):
         if not reported_three.is_set():
+            drawing_first.set()
             assert reported_three.wait(timeout=120), "the sampler waited for a picture"
         return picture(self, frame, sound)
 
     def reporting(self, step, total, denoised):
         report(self, step, total, denoised)
+        if step == 1:  # the render thread has step 1 in hand before step 2 comes (its start takes a moment)
+            assert drawing_first.wait(timeout=120)
         if step == 3:
             reported_three.set()
 

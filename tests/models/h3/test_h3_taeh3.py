@@ -36,6 +36,35 @@ def test_clips_decode_on_their_own_and_the_preview_frame_is_its_latents_last(tin
     assert torch.allclose(decoder.frame_at(latents, 6), frames[0, -1], atol=1e-6)
 
 
+def test_the_preview_frame_runs_as_one_graph_per_window_shape_equal_to_the_layers_run_one_by_one(tiny_file):
+    decoder = load_taeh3(tiny_file)
+    latents = torch.randn(1, 24, 7, 3, 2, generator=torch.Generator().manual_seed(4))
+    for index in range(7):
+        window = latents[:, :, index - index % 5:index + 1]
+        assert torch.equal(decoder.frame_at(latents, index), decoder.last_frame(window))
+    graphs = decoder.__dict__["_graphs"]
+    # Windows of 1 to 5 latents (latents 5 and 6 start the second clip again at 1 and 2): five shapes.
+    assert sorted(key[0][2] for key in graphs) == [1, 2, 3, 4, 5]
+    assert all(isinstance(graph, torch.jit.ScriptModule) for graph in graphs.values())
+    decoder.frame_at(latents, 3)
+    assert len(graphs) == 5  # made once, then reused
+
+
+def test_a_decoder_torch_cannot_trace_draws_op_by_op_and_says_so(tiny_file, monkeypatch, caplog):
+    decoder = load_taeh3(tiny_file)
+    latents = torch.randn(1, 24, 4, 3, 2, generator=torch.Generator().manual_seed(5))
+
+    def no_tracing(*args, **kwargs):
+        raise RuntimeError("tracing is not available here")
+
+    monkeypatch.setattr(torch.jit, "trace", no_tracing)
+    with caplog.at_level("INFO", logger="models.h3.taeh3"):
+        first, again = decoder.frame_at(latents, 3), decoder.frame_at(latents, 3)
+    assert torch.equal(first, decoder.last_frame(latents)) and torch.equal(again, first)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "op by op" in said[0] and "tracing is not available here" in said[0]
+
+
 def test_the_released_widths_are_recovered_from_the_keys_and_a_stride_2_first_grow_is_trimmed():
     released = TAEH3Decoder()
     state = released.state_dict()
