@@ -259,8 +259,8 @@ class SamplerPreviews:
             return Image.fromarray(audio_picture(sound, self.size))
         if self.taeh3 is not None:  # frame: (1, C, k, h, w), its clip's latents up to the previewed one
             patch = self.taeh3.spatial_ratio
-            with torch.no_grad():  # on the latents' device; the picture comes back to the CPU
-                pixels = self.taeh3.on(frame.device).frame_at(frame.float(), frame.shape[2] - 1).cpu()
+            # On the latents' device (frame_at runs without autograd); the picture comes back to the CPU.
+            pixels = self.taeh3.on(frame.device).frame_at(frame.float(), frame.shape[2] - 1).cpu()
         elif self.method == "full":
             patch = int(self.vae.model.config.spatial_ratio)
             pixels = self.vae.model.decode(frame[None, :, None], tile_batch=1)[0, 0]

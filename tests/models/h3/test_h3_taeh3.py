@@ -36,18 +36,27 @@ def test_clips_decode_on_their_own_and_the_preview_frame_is_its_latents_last(tin
     assert torch.allclose(decoder.frame_at(latents, 6), frames[0, -1], atol=1e-6)
 
 
-def test_the_preview_frame_runs_as_one_graph_per_window_shape_equal_to_the_layers_run_one_by_one(tiny_file):
+def test_the_preview_frame_runs_as_one_graph_per_window_shape_equal_to_the_layers_run_one_by_one(
+        tiny_file, monkeypatch, caplog):
     decoder = load_taeh3(tiny_file)
     latents = torch.randn(1, 24, 7, 3, 2, generator=torch.Generator().manual_seed(4))
-    for index in range(7):
-        window = latents[:, :, index - index % 5:index + 1]
-        assert torch.equal(decoder.frame_at(latents, index), decoder.last_frame(window))
-    graphs = decoder.__dict__["_graphs"]
-    # Windows of 1 to 5 latents (latents 5 and 6 start the second clip again at 1 and 2): five shapes.
-    assert sorted(key[0][2] for key in graphs) == [1, 2, 3, 4, 5]
-    assert all(isinstance(graph, torch.jit.ScriptModule) for graph in graphs.values())
-    decoder.frame_at(latents, 3)
-    assert len(graphs) == 5  # made once, then reused
+    traced_frames = []
+    trace = torch.jit.trace
+
+    def counting(module, example, **options):
+        traced_frames.append(example[0].shape[2])
+        return trace(module, example, **options)
+
+    monkeypatch.setattr(torch.jit, "trace", counting)
+    with caplog.at_level("INFO", logger="models.h3.taeh3"):
+        for index in range(7):
+            window = latents[:, :, index - index % 5:index + 1]
+            assert torch.equal(decoder.frame_at(latents, index), decoder.last_frame(window))
+        decoder.frame_at(latents, 3)
+    # Windows of 1 to 5 latents (latents 5 and 6 start the second clip again at 1 and 2): five shapes,
+    # each traced once and then reused, and none fell back to the op-by-op path.
+    assert sorted(traced_frames) == [1, 2, 3, 4, 5]
+    assert not [r for r in caplog.records if "op by op" in r.getMessage()]
 
 
 def test_a_decoder_torch_cannot_trace_draws_op_by_op_and_says_so(tiny_file, monkeypatch, caplog):
