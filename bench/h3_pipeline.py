@@ -8,8 +8,8 @@ profile (this machine is shared, so CPU time is the steadier figure). Then the t
 tokens per second of one forward at three packed sequence lengths (median of several forwards).
 
 Live previews: the same workflow through the real server (running its jobs in its own process, as
-`--in-process-jobs` does) with one websocket client (which announces
-`supports_preview_metadata`), alternating jobs with previews off (`extra_data.preview_method: none`)
+`--in-process-jobs` does) with one websocket client in a process of its own, as a browser is (it
+announces `supports_preview_metadata`), alternating jobs with previews off (`extra_data.preview_method: none`)
 and at the editor's default method (asked for in `extra_data`, as the editor does), each with a new seed. Sampling time is the sampler node's span in the
 engine's event stream, in wall time and in this process's CPU time (every thread: the render thread and
 the server's encoding count too; the steadier figure on a shared machine); the ratio default/off is the
@@ -20,7 +20,9 @@ cost of a picture beside that of a step, whatever else the machine runs. A third
 drawn by a tiny taeh3 (models/vae_approx, written for the run): its ratio to off has the goal <= 1.10.
 The render thread draws every step it keeps up with (a newer step replaces a picture still waiting, the
 last step is always drawn): the frames received are counted per method, out of the steps the jobs ran.
-The three kinds run in a rotating order each round.
+The three kinds run in a rotating order each round. The table also says in how many jobs, and from
+which step, the sampler's thread team left the render thread a core (nodes/previews.py, `preview_core` in
+the sampler's profile row).
 
     .venv/bin/python bench/h3_pipeline.py
     .venv/bin/python bench/h3_pipeline.py --only previews --rounds 15   # the preview rounds alone
@@ -149,8 +151,6 @@ def preview_cost(base: Path, rounds: int = PREVIEW_ROUNDS) -> dict:
 
 
 async def _preview_rounds(base: Path, rounds: int) -> dict:
-    import aiohttp
-
     import main as weft_main
     from nodes.preview_settings import EDITOR_DEFAULT_METHOD
     from web.server import start_server
@@ -166,63 +166,57 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
     runtime.events.subscribe(
         lambda event, data: timeline.append((time.perf_counter(), time.process_time(), event, data)))
     server = await start_server(runtime, ServerConfig(port=0))
-    url = f"http://127.0.0.1:{server.port}"
     from models.h3.tiny_released import TAEH3, taeh3_bytes
 
     (base / "models" / "vae_approx").mkdir(parents=True, exist_ok=True)
     (base / "models" / "vae_approx" / TAEH3).write_bytes(taeh3_bytes())  # the tiny taeh3 the taesd jobs use
     labels = {"off": {"preview_method": "none"}, "default": {"preview_method": EDITOR_DEFAULT_METHOD},
               "taesd": {"preview_method": "taesd"}}
+    # Warm-up first (loading, text encoding, the preview fit, the taeh3 load), then the rounds, each in a
+    # rotating order of the three kinds, every job with its own seed.
+    jobs = [(1, "warm-up", labels["default"]), (2, "warm-up", labels["taesd"])]
+    order = list(labels)
+    for i in range(rounds):
+        jobs += [(100 + 3 * i + n, label, labels[label]) for n, label in enumerate(order[i % 3:] + order[:i % 3])]
+    spec = base / "preview-client.json"
+    spec.write_text(json.dumps({"url": f"http://127.0.0.1:{server.port}", "prompt": prompt, "noise": noise,
+                                "sampler": sampler, "jobs": jobs}))
     spans: dict[str, list[float]] = {label: [] for label in labels}
     cpu: dict[str, list[float]] = {label: [] for label in labels}
     sampler_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the sampler thread's CPU ms per step
     picture_cpu: dict[str, list[float]] = {label: [] for label in labels}  # the render thread's CPU ms per picture
+    core_from_step: dict[str, list[int]] = {label: [] for label in labels}  # the step the render got a core at
     frames_received = 0
     taesd_frames = 0
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(f"{url}/ws?clientId=bench") as ws:
-                await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
-
-                async def one_job(seed: int, extra: dict) -> tuple[tuple[float, float], int, dict]:
-                    prompt[noise]["inputs"]["noise_seed"] = seed
-                    body = {"prompt": prompt, "client_id": "bench", "extra_data": extra}
-                    async with session.post(f"{url}/prompt", json=body) as reply:
-                        prompt_id = (await reply.json())["prompt_id"]
-                    previews = 0
-                    while True:
-                        message = await ws.receive(timeout=600)
-                        if message.type == aiohttp.WSMsgType.BINARY and message.data[:4] == b"\x00\x00\x00\x04":
-                            previews += 1
-                        elif message.type == aiohttp.WSMsgType.TEXT:
-                            event = json.loads(message.data)
-                            if event["type"] in ("execution_success", "execution_error") and \
-                                    event["data"].get("prompt_id") == prompt_id:
-                                if event["type"] == "execution_error":
-                                    raise SystemExit(f"the workflow failed: {message.data[:2000]}")
-                                break
-                    async with session.get(f"{url}/jobs/{prompt_id}") as reply:
-                        row = ((await reply.json()).get("profile") or {}).get("nodes", {}).get(sampler, {})
-                    return _sampler_span(timeline, prompt_id, sampler), previews, row
-
-                await one_job(1, labels["default"])  # warm-up: loading, text encoding and the preview fit happen here
-                await one_job(2, labels["taesd"])  # and the taeh3 load
-                order = list(labels)
-                for i in range(rounds):
-                    for n, label in enumerate(order[i % 3:] + order[:i % 3]):  # a rotating order per round
-                        (span, cpu_span), previews, row = await one_job(100 + 3 * i + n, labels[label])
-                        spans[label].append(span)
-                        cpu[label].append(cpu_span)
-                        sampler_cpu[label].append(row.get("cpu_ms", 0.0) / steps)
-                        counts = row.get("counts", {})
-                        if counts.get("preview_pictures"):
-                            picture_cpu[label].append(counts["preview_cpu_ms"] / counts["preview_pictures"])
-                        if label == "default":
-                            frames_received += previews
-                        elif label == "taesd":
-                            taesd_frames += previews
+        # The client is its own process, as a browser is: receiving and parsing the frames is not the server's
+        # work, and in this process it would take Python's lock from the sampler.
+        client = await asyncio.create_subprocess_exec(sys.executable, __file__, "--client", str(spec),
+                                                      stdout=asyncio.subprocess.PIPE)
+        reports, _ = await client.communicate()
+        if client.returncode:
+            raise SystemExit(f"the preview client failed (exit status {client.returncode})")
     finally:
         await server.stop()
+    for line in reports.decode().splitlines():
+        job = json.loads(line)
+        label = job["label"]
+        if label not in labels:
+            continue
+        span, cpu_span = _sampler_span(timeline, job["prompt_id"], sampler)
+        spans[label].append(span)
+        cpu[label].append(cpu_span)
+        row = job["row"]
+        sampler_cpu[label].append(row.get("cpu_ms", 0.0) / steps)
+        counts = row.get("counts", {})
+        if counts.get("preview_pictures"):
+            picture_cpu[label].append(counts["preview_cpu_ms"] / counts["preview_pictures"])
+        for given in row.get("notes", {}).get("preview_core", []):
+            core_from_step[label].append(given["from_step"])
+        if label == "default":
+            frames_received += job["previews"]
+        elif label == "taesd":
+            taesd_frames += job["previews"]
     off, default = statistics.median(spans["off"]), statistics.median(spans["default"])
     cpu_off, cpu_default = statistics.median(cpu["off"]), statistics.median(cpu["default"])
     taesd, cpu_taesd = statistics.median(spans["taesd"]), statistics.median(cpu["taesd"])
@@ -238,7 +232,42 @@ async def _preview_rounds(base: Path, rounds: int) -> dict:
             "taesd_ratios_per_round": [t / o for o, t in zip(spans["off"], spans["taesd"])],
             "taesd_preview_frames": taesd_frames, "steps_per_method": steps * rounds,
             "sampler_thread_cpu_ms_per_step": {k: statistics.median(v) for k, v in sampler_cpu.items() if v},
-            "render_thread_cpu_ms_per_picture": {k: statistics.median(v) for k, v in picture_cpu.items() if v}}
+            "render_thread_cpu_ms_per_picture": {k: statistics.median(v) for k, v in picture_cpu.items() if v},
+            "jobs_per_method": rounds,
+            "render_core_from_step": {k: v for k, v in core_from_step.items() if v}}
+
+
+async def _client(spec_path: Path) -> None:
+    """The preview rounds' websocket client (its own process): runs the jobs in `spec_path` one after another
+    and prints one JSON line per job: its label, prompt id, binary preview frames received, profile row."""
+    import aiohttp
+
+    spec = json.loads(spec_path.read_text())
+    url, prompt = spec["url"], spec["prompt"]
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{url}/ws?clientId=bench") as ws:
+            await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
+            for seed, label, extra in spec["jobs"]:
+                prompt[spec["noise"]]["inputs"]["noise_seed"] = seed
+                body = {"prompt": prompt, "client_id": "bench", "extra_data": extra}
+                async with session.post(f"{url}/prompt", json=body) as reply:
+                    prompt_id = (await reply.json())["prompt_id"]
+                previews = 0
+                while True:
+                    message = await ws.receive(timeout=600)
+                    if message.type == aiohttp.WSMsgType.BINARY and message.data[:4] == b"\x00\x00\x00\x04":
+                        previews += 1
+                    elif message.type == aiohttp.WSMsgType.TEXT:
+                        event = json.loads(message.data)
+                        if event["type"] in ("execution_success", "execution_error") and \
+                                event["data"].get("prompt_id") == prompt_id:
+                            if event["type"] == "execution_error":
+                                raise SystemExit(f"the workflow failed: {message.data[:2000]}")
+                            break
+                async with session.get(f"{url}/jobs/{prompt_id}") as reply:
+                    row = ((await reply.json()).get("profile") or {}).get("nodes", {}).get(spec["sampler"], {})
+                print(json.dumps({"label": label, "prompt_id": prompt_id, "previews": previews, "row": row}),
+                      flush=True)
 
 
 def _sampler_span(timeline: list, prompt_id: str, sampler: str) -> tuple[float, float]:
@@ -262,7 +291,11 @@ def main() -> None:
                         help="run one section alone (previews: the live-preview rounds through the server)")
     parser.add_argument("--rounds", type=int, default=PREVIEW_ROUNDS,
                         help=f"side-by-side rounds of preview jobs (default {PREVIEW_ROUNDS})")
+    parser.add_argument("--client", type=Path, default=None, help=argparse.SUPPRESS)  # the preview rounds' client
     options = parser.parse_args()
+    if options.client is not None:
+        asyncio.run(_client(options.client))
+        return
     with tempfile.TemporaryDirectory(prefix="weft-h3-bench-") as tmp:
         base = Path(tmp)
         if options.only == "previews":
@@ -313,6 +346,9 @@ def print_previews(previews: dict) -> None:
     print(f"{'CPU ratio taesd / off':<34} {previews['cpu_ratio_taesd_to_off']:>10.3f}")
     print(f"{'taesd preview frames received':<34} {previews['taesd_preview_frames']:>10d} "
           f"of {previews['steps_per_method']} steps")
+    for label, steps in previews["render_core_from_step"].items():
+        print(f"{label} jobs whose sampler left the render thread a core: {len(steps)} of "
+              f"{previews['jobs_per_method']} (from step {min(steps)} to {max(steps)})")
     print("CPU ms of the sampler's thread per step, and of the render thread per picture (profile counts):")
     for label, per_step in previews["sampler_thread_cpu_ms_per_step"].items():
         picture = previews["render_thread_cpu_ms_per_picture"].get(label)

@@ -16,7 +16,9 @@ model may also carry its own projection in its safetensors metadata (`weft_laten
 
 Previews are drawn on a helper thread beside a sampler that already keeps every core busy with torch's
 OpenMP team; `one_cpu_thread_here` keeps the helper's own CPU ops to one thread, so it takes one core for
-the time it draws instead of starting a second team that fights the sampler's for every core.
+the time it draws instead of starting a second team that fights the sampler's for every core. When its
+pictures need a good part of a core, the sampler's thread shrinks its own team by one with
+`cpu_threads_here` (nodes/previews.py decides when).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ FIT_SIZE = 12  # 144 samples for the 25 unknowns per output of an H3 VAE (192 x 
 FIT_SEED = 0
 
 _fit_lock = threading.Lock()
+_count_lock = threading.Lock()
 # Fits by model file identity (device, inode, size, mtime): every runtime of the process, and every
 # hard link of one file, shares one fit.
 _fits_by_file: dict[tuple[int, int, int, int], "LatentProjection"] = {}
@@ -49,24 +52,41 @@ def one_cpu_thread_here() -> bool:
     """Run torch's CPU ops on the calling thread with one thread; other threads keep their count. True when
     that took effect (torch built with OpenMP, whose thread count is per calling thread).
 
+    Without MKL's count (see `cpu_threads_here`), a process whose count was set explicitly (a Ray worker's)
+    gave the render thread a second MKL team: four busy threads on two cores, which slowed a loop of small
+    matrix products beside it about sevenfold in a measurement (1.3x with this thread's counts at 1)."""
+    return cpu_threads_here(1) is not None and torch.get_num_threads() == 1
+
+
+def cpu_threads_here(count: int) -> int | None:
+    """Set the calling thread's torch CPU thread counts to `count`, leaving every other thread's, and the
+    count threads started later begin with, as they were. Returns this thread's count before, or None where
+    counts are not kept per thread and nothing was changed.
+
     Two counts are per thread: OpenMP's, and MKL's own, which the matrix products inside convolutions and
     linears read. Only `torch.set_num_threads` reaches MKL's (its symbols are not exported), but it also
-    stores the count every thread started later begins with; so it is called here and the process's count
-    is put back from a short-lived thread, which leaves this thread's at 1. Without MKL's, a process whose
-    count was set explicitly (a Ray worker's) gave the render thread a second MKL team: four busy threads on
-    two cores, which slowed a loop of small matrix products beside it about sevenfold in a measurement
-    (1.3x with this thread's counts at 1). Other parallel
-    backends keep one count for the whole process (and refuse to change it once work has run): nothing is
-    changed there."""
+    stores the count every thread started later begins with; so that stored count is read first and put
+    back afterwards, each from a short-lived thread (a new thread starts with it). Other parallel backends
+    keep one count for the whole process (and refuse to change it once work has run): nothing is changed
+    there."""
     if not _counts_are_per_thread():
-        return False
-    before = torch.get_num_threads()  # torch sets this thread's counts on its first query; let it happen now
-    torch.set_num_threads(1)
-    if before != 1:
-        restore = threading.Thread(target=torch.set_num_threads, args=(before,), name="weft-thread-count")
-        restore.start()
-        restore.join()
-    return torch.get_num_threads() == 1
+        return None
+    with _count_lock:  # two callers at once would each read the stored count the other just changed
+        before = torch.get_num_threads()  # torch sets this thread's counts on its first query; let it happen now
+        stored = _in_new_thread(torch.get_num_threads)
+        torch.set_num_threads(count)
+        if stored != count:
+            _in_new_thread(lambda: torch.set_num_threads(stored))
+    return before
+
+
+def _in_new_thread(work: Callable[[], Any]) -> Any:
+    """What `work` returns when run on a thread of its own (which starts with the stored thread counts)."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(work()), name="weft-thread-count")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 @functools.cache

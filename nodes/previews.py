@@ -25,6 +25,14 @@ Python's lock, and on tiny CPU models, where both make many small calls, they ta
 than overlapping. The taeh3 decode, the bulk of a `taesd` picture, is therefore one graph call that lets
 go of the lock for its whole length (models/h3/taeh3.py, `frame_at`); bench/h3_pipeline.py's preview
 section measures what is left.
+
+Cores: a sampler on the CPU runs an OpenMP team of one thread per core, so the render thread is a busy
+thread too many, and a team that has to wait for one of its members to get a core back waits at every
+barrier. Once a picture takes `RENDER_CORE_SHARE` of the time between two steps (taeh3 pictures of the
+tiny models do; latent2rgb pictures, and any picture beside a released-size step, do not), the sampler's
+thread runs its team one smaller for the rest of the `with` block, which puts the count back; the runtime
+remembers the (method, latent shape, team) that needed it, so later runs give the core from their first
+step. The sampler node's profile row notes it (`preview_core`: from which step, how many threads).
 """
 from __future__ import annotations
 
@@ -39,7 +47,7 @@ import torch
 
 from execution.context import RunContext, current
 from models.h3.latents import CLIP_LATENTS
-from models.latent_preview import cache_folder, one_cpu_thread_here, projection_for
+from models.latent_preview import cache_folder, cpu_threads_here, one_cpu_thread_here, projection_for
 from nodes.preview_settings import DEFAULT_PREVIEW_SIZE, FULL_DECODE_EVERY, resolve_method
 
 logger = logging.getLogger(__name__)
@@ -49,6 +57,12 @@ TAEH3_KEY = "preview_taeh3"  # runtime services: {(path, size, mtime): its loade
 TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI's previews look for in vae_approx)
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
+# Once a picture's render-thread CPU time reaches this share of the time between two sampler steps on the
+# CPU, the sampler's thread team leaves the render thread a core (SamplerPreviews._share_cores). A taeh3
+# picture of the tiny models takes about 0.4 of a step; a latent2rgb one about 0.1; at the released sizes
+# a taeh3 picture is thousands of times less work than a step.
+RENDER_CORE_SHARE = 0.25
+CORE_NEEDED_KEY = "preview_core_needed"  # runtime services: {(method, latent shape, team)} that needed a core
 
 
 def register_vae(vae: Any) -> None:
@@ -160,6 +174,10 @@ class SamplerPreviews:
         self._closed = False
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._scoped = False  # inside a `with` block, whose end is sure to run on the sampler's thread
+        self._last_report: float | None = None  # when the sampler's previous step was reported (perf_counter)
+        self._picture_cpu = 0.0  # the render thread's CPU seconds for its latest picture
+        self._core_given: tuple[int, int] | None = None  # (sampler thread id, its thread count before)
 
     @classmethod
     def start(cls, latent: dict) -> "SamplerPreviews":
@@ -180,6 +198,7 @@ class SamplerPreviews:
         return cls(ctx, method, vae, ctx.runtime.preview_size, taeh3)
 
     def __enter__(self) -> "SamplerPreviews":
+        self._scoped = True
         return self
 
     def __exit__(self, kind, error, trace) -> None:
@@ -210,9 +229,40 @@ class SamplerPreviews:
                                                 daemon=True)
                 self._thread.start()
             self._wake.notify()
+        self._share_cores(step, video)
+
+    def _share_cores(self, step: int, video: Any) -> None:
+        """On the sampler's thread: leave the render thread a CPU core of its own once its pictures take a
+        good part of one (`RENDER_CORE_SHARE` of the time between two steps). Until then the render
+        thread is one busy thread more than there are cores beside a CPU sampler's OpenMP team, and a team
+        with a member waiting for a core waits at every barrier, so a picture costs the sampler far more
+        than its own CPU time. The sampler's team runs one thread smaller for the rest of the run; its
+        count is put back when the `with` block ends. Light pictures (latent2rgb), latents on a GPU, and a
+        team of one leave the team as it is."""
+        now, last = time.perf_counter(), self._last_report
+        self._last_report = now
+        if self._core_given is not None or not self._scoped or not isinstance(video, torch.Tensor) \
+                or video.device.type != "cpu":
+            return
+        team = torch.get_num_threads()
+        # The runtime remembers the pictures that needed a core, so a later run of the same shape gives it
+        # from its first step.
+        needing = self.ctx.runtime.shared(CORE_NEEDED_KEY, set)
+        kind = (self.method, tuple(video.shape), team)
+        if team < 2 or (kind not in needing and (last is None or self._picture_cpu < RENDER_CORE_SHARE * (now - last))):
+            return
+        before = cpu_threads_here(team - 1)
+        if before is None:  # one thread count for the whole process: not ours to change
+            return
+        self._core_given = (threading.get_ident(), before)
+        needing.add(kind)
+        self.ctx.note_profile("preview_core", {"from_step": step, "sampler_threads": team - 1})
+        logger.debug("node %s: the sampler runs %d threads from step %d, leaving the preview render a core",
+                     self.ctx.node_id, team - 1, step)
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop the render thread; with `wait`, after it has sent every step handed to it."""
+        """Stop the render thread; with `wait`, after it has sent every step handed to it. On the sampler's
+        thread, its CPU thread count is put back if previews took a core from it."""
         with self._wake:
             if not wait:
                 self._steps.clear()
@@ -221,6 +271,9 @@ class SamplerPreviews:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60 if wait else 5)
+        if self._core_given is not None and self._core_given[0] == threading.get_ident():
+            cpu_threads_here(self._core_given[1])
+            self._core_given = None
 
     # render thread
     def _render_loop(self) -> None:
@@ -240,8 +293,10 @@ class SamplerPreviews:
                     picture = self._picture(newest[1], newest[2])
                     # The node's profile row: how many pictures, and this thread's CPU for them (the row's
                     # own cpu_ms is the sampler's thread).
+                    spent = time.thread_time() - began
+                    self._picture_cpu = spent
                     self.ctx.count("preview_pictures")
-                    self.ctx.count("preview_cpu_ms", round((time.thread_time() - began) * 1000.0, 3))
+                    self.ctx.count("preview_cpu_ms", round(spent * 1000.0, 3))
                 except Exception:
                     self.failed = True
                     logger.warning("live previews stopped for node %s: rendering failed", self.ctx.node_id,

@@ -307,3 +307,73 @@ def test_a_render_slower_than_the_sampler_drops_waiting_pictures_never_steps_and
     assert [d["value"] for e, d in sampler if e == "progress"] == [1, 2, 3, 4]
     drawn = [sampler[i + 1][1]["value"] for i, (e, _) in enumerate(sampler) if e == "preview"]
     assert drawn[0] == 1 and drawn[-1] == 4 and 2 not in drawn and len(drawn) <= 3
+
+
+@pytest.mark.parametrize("ending", ["finished", "failed"])
+def test_a_render_needing_a_core_gets_one_from_the_sampler_team_which_gets_it_back_when_the_block_ends(
+        h3, monkeypatch, ending):
+    """Once a picture takes RENDER_CORE_SHARE of a step (0 here: from the second step, whatever this
+    machine's speed), the sampler's thread runs a team one smaller; leaving the block, finished or failed,
+    puts its count back and leaves the count new threads start with alone. A later run of the same shape
+    gives the core from its first step."""
+    import threading
+
+    if not latent_preview._counts_are_per_thread():
+        pytest.skip("this torch keeps one CPU thread count for the whole process")
+    _install_taeh3(h3)
+    process = torch.get_num_threads()
+    torch.set_num_threads(3)  # a team of 3 whatever this machine's cores: new threads start with it
+    seen = {"during": [], "after": []}
+    report, close = previews.SamplerPreviews.report, previews.SamplerPreviews.close
+
+    def reporting(self, step, total, denoised):
+        report(self, step, total, denoised)
+        seen["during"].append((step, torch.get_num_threads()))
+        if ending == "failed" and step == 3:
+            raise RuntimeError("the sampler failed at step 3")
+
+    def closing(self, *, wait=True):
+        close(self, wait=wait)
+        seen["after"].append(torch.get_num_threads())
+        fresh = threading.Thread(target=lambda: seen.setdefault("new thread", torch.get_num_threads()))
+        fresh.start()
+        fresh.join()
+
+    monkeypatch.setattr(previews, "RENDER_CORE_SHARE", 0.0)
+    monkeypatch.setattr(previews.SamplerPreviews, "report", reporting)
+    monkeypatch.setattr(previews.SamplerPreviews, "close", closing)
+    h3.runtime.preview_method, h3.runtime.preview_size = None, 512
+    runs = []
+    try:
+        for seed in (22, 24):  # two seeds: the second run is not served from the cache
+            seen["during"].clear()
+            prompt = t2va_prompt(width=64, height=32, length=5, steps=4, seed=seed, save_video=False)
+            runs.append(h3.executor.run(h3.validate(prompt), prompt_id=str(uuid.uuid4()),
+                                        extra_data={"preview_method": "taesd"}))
+    finally:
+        torch.set_num_threads(process)
+    assert seen["after"] == [3, 3] and seen["new thread"] == 3
+    first, second = runs
+    if ending == "failed":
+        assert first.status == second.status == "error" and "step 3" in str(first.error)
+        return
+    assert first.status == "success", first.error
+    assert first.profile["sample"]["notes"]["preview_core"] == [{"from_step": 2, "sampler_threads": 2}]
+    assert second.profile["sample"]["notes"]["preview_core"] == [{"from_step": 1, "sampler_threads": 2}]
+    assert seen["during"] == [(1, 2), (2, 2), (3, 2), (4, 2)]
+
+
+def test_light_pictures_leave_the_sampler_team_whole(h3, monkeypatch):
+    """Pictures that take little of a step (a share no picture reaches, here) never take a core."""
+    _install_taeh3(h3)
+    counts = []
+    report = previews.SamplerPreviews.report
+    monkeypatch.setattr(previews, "RENDER_CORE_SHARE", 1e9)
+    monkeypatch.setattr(previews.SamplerPreviews, "report",
+                        lambda self, *args: (report(self, *args), counts.append(torch.get_num_threads())))
+    h3.runtime.preview_method, h3.runtime.preview_size = None, 512
+    result = h3.executor.run(h3.validate(t2va_prompt(width=64, height=32, length=5, steps=3, seed=23, save_video=False)),
+                             prompt_id=str(uuid.uuid4()), extra_data={"preview_method": "taesd"})
+    assert result.status == "success", result.error
+    assert "preview_core" not in result.profile["sample"].get("notes", {})
+    assert counts == [torch.get_num_threads()] * 3
