@@ -30,9 +30,10 @@ Cores: a sampler on the CPU runs an OpenMP team of one thread per core, so the r
 thread too many, and a team that has to wait for one of its members to get a core back waits at every
 barrier. Once a picture takes `RENDER_CORE_SHARE` of the time between two steps (taeh3 pictures of the
 tiny models do; latent2rgb pictures, and any picture beside a released-size step, do not), the sampler's
-thread runs its team one smaller for the rest of the `with` block, which puts the count back; the runtime
-remembers the (method, latent shape, team) that needed it, so later runs give the core from their first
-step. The sampler node's profile row notes it (`preview_core`: from which step, how many threads).
+thread runs its team one smaller (`RenderCore`), on trial: if the next steps are slower than the one
+before, the team takes the core back. The `with` block's end puts the count back. The runtime remembers
+each (method, latent shape, team)'s outcome, so later runs start with it. The sampler node's profile row
+notes each change (`preview_core`).
 """
 from __future__ import annotations
 
@@ -58,11 +59,16 @@ TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
 # Once a picture's render-thread CPU time reaches this share of the time between two sampler steps on the
-# CPU, the sampler's thread team leaves the render thread a core (SamplerPreviews._share_cores). A taeh3
-# picture of the tiny models takes about 0.4 of a step; a latent2rgb one about 0.1; at the released sizes
-# a taeh3 picture is thousands of times less work than a step.
+# CPU, the sampler's thread team leaves the render thread a core (RenderCore). A taeh3 picture of the tiny
+# models takes about 0.4 of a step; a latent2rgb one about 0.1; at the released sizes a taeh3 picture is
+# thousands of times less work than a step.
 RENDER_CORE_SHARE = 0.25
-CORE_NEEDED_KEY = "preview_core_needed"  # runtime services: {(method, latent shape, team)} that needed a core
+# The smaller team is kept when its first TRIAL_STEPS steps are not all slower than SLOWER times the step
+# before it; otherwise the team gets its core back (a team that scales with its cores loses more by the
+# smaller team than by the busy render thread).
+TRIAL_STEPS = 2
+SLOWER = 1.2
+CORE_CHOICES_KEY = "preview_core_choices"  # runtime services: {(method, latent shape, team): kept the core}
 
 
 def register_vae(vae: Any) -> None:
@@ -149,6 +155,75 @@ def audio_picture(audio: torch.Tensor, size: int) -> np.ndarray:
     return draw_audio_band(blank, audio) if audio.numel() else blank
 
 
+class RenderCore:
+    """Whether a CPU sampler's thread team leaves the preview render thread a core, decided on the
+    sampler's thread step by step (see the module docstring), and the team's count put back by `release`.
+
+    A picture taking `RENDER_CORE_SHARE` of a step gets the core; the smaller team then runs `TRIAL_STEPS`
+    steps, and if each was more than `SLOWER` times the step before, the team takes its core back. The
+    runtime remembers the outcome per (method, latent shape, team), so a later run of the same kind starts
+    with the smaller team, or never tries it. The node's profile row notes each change (`preview_core`)."""
+
+    def __init__(self, ctx: RunContext, shape: tuple) -> None:
+        self.ctx = ctx
+        self.team = torch.get_num_threads()
+        self.kind = (*shape, self.team)
+        self.choices = ctx.runtime.shared(CORE_CHOICES_KEY, dict)
+        self.thread = threading.get_ident()
+        self.given_at: int | None = None  # the step the smaller team began at, while it runs
+        self.settled = self.team < 2  # nothing more to decide in this run
+        self._last: float | None = None  # when the previous step was reported
+        self._trial: tuple[float, list[float]] | None = None  # (the step before, the steps since) while on trial
+
+    def step(self, step: int, picture_cpu: float, now: float) -> None:
+        """Step `step` was reported at `now` (perf_counter seconds); `picture_cpu` is the latest picture's
+        render-thread CPU seconds."""
+        spacing = None if self._last is None else now - self._last
+        self._last = now
+        if self.given_at is not None:
+            if self._trial is not None and spacing is not None:
+                self._judge(step, spacing)
+            return
+        if self.settled:
+            return
+        kept = self.choices.get(self.kind)
+        if kept is False:
+            self.settled = True
+        elif kept or (spacing is not None and picture_cpu >= RENDER_CORE_SHARE * spacing):
+            self._give(step, None if kept else spacing)
+
+    def _give(self, step: int, spacing: float | None) -> None:
+        if cpu_threads_here(self.team - 1) is None:  # one thread count for the whole process: not ours to change
+            self.settled = True
+            return
+        self.given_at = step
+        self._trial = None if spacing is None else (spacing, [])
+        self.ctx.note_profile("preview_core", {"from_step": step, "sampler_threads": self.team - 1})
+        logger.debug("node %s: the sampler runs %d threads from step %d, leaving the preview render a core",
+                     self.ctx.node_id, self.team - 1, step)
+
+    def _judge(self, step: int, spacing: float) -> None:
+        before, since = self._trial
+        since.append(spacing)
+        if len(since) < TRIAL_STEPS:
+            return
+        self._trial = None
+        kept = min(since) <= SLOWER * before
+        self.choices[self.kind] = kept
+        if not kept:
+            self.release()
+            self.settled = True
+            self.ctx.note_profile("preview_core", {"back_at_step": step, "sampler_threads": self.team})
+            logger.debug("node %s: the smaller sampler team was slower; the sampler takes its core back",
+                         self.ctx.node_id)
+
+    def release(self) -> None:
+        """Put the sampler thread's count back (on that thread; elsewhere it cannot be reached)."""
+        if self.given_at is not None and threading.get_ident() == self.thread:
+            cpu_threads_here(self.team)
+            self.given_at = None
+
+
 class SamplerPreviews:
     """One sampler run's progress and previews. Used as `with SamplerPreviews.start(latent) as previews:`.
 
@@ -175,9 +250,9 @@ class SamplerPreviews:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._scoped = False  # inside a `with` block, whose end is sure to run on the sampler's thread
-        self._last_report: float | None = None  # when the sampler's previous step was reported (perf_counter)
+        self._core: RenderCore | None = None  # made on the first step of latents on the CPU
         self._picture_cpu = 0.0  # the render thread's CPU seconds for its latest picture
-        self._core_given: tuple[int, int] | None = None  # (sampler thread id, its thread count before)
+        self._pictures = 0  # pictures drawn so far
 
     @classmethod
     def start(cls, latent: dict) -> "SamplerPreviews":
@@ -229,36 +304,11 @@ class SamplerPreviews:
                                                 daemon=True)
                 self._thread.start()
             self._wake.notify()
-        self._share_cores(step, video)
-
-    def _share_cores(self, step: int, video: Any) -> None:
-        """On the sampler's thread: leave the render thread a CPU core of its own once its pictures take a
-        good part of one (`RENDER_CORE_SHARE` of the time between two steps). Until then the render
-        thread is one busy thread more than there are cores beside a CPU sampler's OpenMP team, and a team
-        with a member waiting for a core waits at every barrier, so a picture costs the sampler far more
-        than its own CPU time. The sampler's team runs one thread smaller for the rest of the run; its
-        count is put back when the `with` block ends. Light pictures (latent2rgb), latents on a GPU, and a
-        team of one leave the team as it is."""
-        now, last = time.perf_counter(), self._last_report
-        self._last_report = now
-        if self._core_given is not None or not self._scoped or not isinstance(video, torch.Tensor) \
-                or video.device.type != "cpu":
-            return
-        team = torch.get_num_threads()
-        # The runtime remembers the pictures that needed a core, so a later run of the same shape gives it
-        # from its first step.
-        needing = self.ctx.runtime.shared(CORE_NEEDED_KEY, set)
-        kind = (self.method, tuple(video.shape), team)
-        if team < 2 or (kind not in needing and (last is None or self._picture_cpu < RENDER_CORE_SHARE * (now - last))):
-            return
-        before = cpu_threads_here(team - 1)
-        if before is None:  # one thread count for the whole process: not ours to change
-            return
-        self._core_given = (threading.get_ident(), before)
-        needing.add(kind)
-        self.ctx.note_profile("preview_core", {"from_step": step, "sampler_threads": team - 1})
-        logger.debug("node %s: the sampler runs %d threads from step %d, leaving the preview render a core",
-                     self.ctx.node_id, team - 1, step)
+        if self._scoped and isinstance(video, torch.Tensor) and video.device.type == "cpu":
+            if self._core is None:
+                self._core = RenderCore(self.ctx, (self.method, tuple(video.shape)))
+            # The first picture of a run is left out: it may include tracing the decoder's graph.
+            self._core.step(step, self._picture_cpu if self._pictures > 1 else 0.0, time.perf_counter())
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the render thread; with `wait`, after it has sent every step handed to it. On the sampler's
@@ -271,9 +321,8 @@ class SamplerPreviews:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60 if wait else 5)
-        if self._core_given is not None and self._core_given[0] == threading.get_ident():
-            cpu_threads_here(self._core_given[1])
-            self._core_given = None
+        if self._core is not None:
+            self._core.release()
 
     # render thread
     def _render_loop(self) -> None:
@@ -295,6 +344,7 @@ class SamplerPreviews:
                     # own cpu_ms is the sampler's thread).
                     spent = time.thread_time() - began
                     self._picture_cpu = spent
+                    self._pictures += 1
                     self.ctx.count("preview_pictures")
                     self.ctx.count("preview_cpu_ms", round(spent * 1000.0, 3))
                 except Exception:

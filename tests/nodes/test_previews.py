@@ -340,6 +340,7 @@ def test_a_render_needing_a_core_gets_one_from_the_sampler_team_which_gets_it_ba
         fresh.join()
 
     monkeypatch.setattr(previews, "RENDER_CORE_SHARE", 0.0)
+    monkeypatch.setattr(previews, "SLOWER", 1e9)  # the trial keeps the smaller team, whatever the timing
     monkeypatch.setattr(previews.SamplerPreviews, "report", reporting)
     monkeypatch.setattr(previews.SamplerPreviews, "close", closing)
     h3.runtime.preview_method, h3.runtime.preview_size = None, 512
@@ -377,3 +378,59 @@ def test_light_pictures_leave_the_sampler_team_whole(h3, monkeypatch):
     assert result.status == "success", result.error
     assert "preview_core" not in result.profile["sample"].get("notes", {})
     assert counts == [torch.get_num_threads()] * 3
+
+
+def _render_core(notes, runtime):
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(runtime=runtime, node_id="7", note_profile=lambda name, value: notes.append((name, value)))
+    return previews.RenderCore(ctx, ("taesd", (1, 24, 4, 2, 4)))
+
+
+@pytest.mark.parametrize("slower", [False, True])
+def test_the_smaller_team_is_on_trial_and_the_outcome_is_remembered(monkeypatch, slower):
+    """Steps 1-2 are 10 ms apart and pictures take 3 ms (0.3 of a step): the core is given at step 2. The
+    two steps after are 8 ms (kept) or 15 ms (more than 1.2x the 10 ms: the team takes its core back at
+    step 4). A later run of the same kind starts with the outcome."""
+    if not latent_preview._counts_are_per_thread():
+        pytest.skip("this torch keeps one CPU thread count for the whole process")
+    process = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        notes, runtime, counts = [], Services(), []
+        core = _render_core(notes, runtime)
+        after = 0.015 if slower else 0.008
+        for step, now in ((1, 0.0), (2, 0.010), (3, 0.010 + after), (4, 0.010 + 2 * after), (5, 0.010 + 3 * after)):
+            core.step(step, 0.003, now)
+            counts.append(torch.get_num_threads())
+        if slower:
+            assert counts == [3, 2, 2, 3, 3]
+            assert notes == [("preview_core", {"from_step": 2, "sampler_threads": 2}),
+                             ("preview_core", {"back_at_step": 4, "sampler_threads": 3})]
+        else:
+            assert counts == [3, 2, 2, 2, 2] and notes == [("preview_core", {"from_step": 2, "sampler_threads": 2})]
+        core.release()
+        assert torch.get_num_threads() == 3
+        notes.clear()
+        later = _render_core(notes, runtime)
+        later.step(1, 0.0, 1.0)  # no picture yet: only the remembered outcome decides
+        assert torch.get_num_threads() == (3 if slower else 2)
+        assert notes == ([] if slower else [("preview_core", {"from_step": 1, "sampler_threads": 2})])
+        later.release()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(process)
+
+
+def test_a_picture_under_the_share_keeps_the_team_whole():
+    process = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        notes = []
+        core = _render_core(notes, Services())
+        for step in range(1, 6):
+            core.step(step, 0.002, step * 0.010)  # 0.2 of a step
+            assert torch.get_num_threads() == 2
+        assert notes == []
+    finally:
+        torch.set_num_threads(process)
