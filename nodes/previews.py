@@ -28,10 +28,10 @@ section measures what is left.
 
 Cores: a sampler on the CPU runs an OpenMP team of one thread per core, so the render thread is a busy
 thread too many, and a team that has to wait for one of its members to get a core back waits at every
-barrier. Once a picture takes `RENDER_CORE_SHARE` of the time between two steps (taeh3 pictures of the
-tiny models do; latent2rgb pictures, and any picture beside a released-size step, do not), the sampler's
-thread runs its team one smaller (`RenderCore`), on trial: if the next steps are slower than the one
-before, the team takes the core back. The `with` block's end puts the count back. The runtime remembers
+barrier. Once a picture takes `RENDER_CORE_SHARE` of the time between two steps (taeh3 and latent2rgb
+pictures of the tiny models do; no picture beside a released-size step does), the sampler's thread runs
+its team one smaller (`RenderCore`), on trial: if the next steps are slower than the one before, the team
+takes the core back. The trial decides, so the share is low: it only says which pictures are worth one. The `with` block's end puts the count back. The runtime remembers
 each (method, latent shape, team)'s outcome, so later runs start with it. The sampler node's profile row
 notes each change (`preview_core`).
 """
@@ -59,10 +59,11 @@ TAEH3_FILE = "taeh3.safetensors"  # provenance: interface (the file name ComfyUI
 AUDIO_BAND = 0.22  # the share of the preview's height the audio loudness band covers
 AUDIO_BAND_MIN_PX = 6
 # Once a picture's render-thread CPU time reaches this share of the time between two sampler steps on the
-# CPU, the sampler's thread team leaves the render thread a core (RenderCore). A taeh3 picture of the tiny
-# models takes about 0.4 of a step; a latent2rgb one about 0.1; at the released sizes a taeh3 picture is
-# thousands of times less work than a step.
-RENDER_CORE_SHARE = 0.25
+# CPU, the sampler's thread team leaves the render thread a core (RenderCore), on trial. A taeh3 picture
+# of the tiny models takes about 0.4 of a step, a latent2rgb one about 0.1 (both measured slowing a 2-thread
+# team beyond their own CPU time); at the released sizes a taeh3 picture is thousands of times less work
+# than a step.
+RENDER_CORE_SHARE = 0.05
 # The smaller team is kept when its first TRIAL_STEPS steps are not all slower than SLOWER times the step
 # before it; otherwise the team gets its core back (a team that scales with its cores loses more by the
 # smaller team than by the busy render thread).

@@ -423,13 +423,14 @@ def test_the_smaller_team_is_on_trial_and_the_outcome_is_remembered(monkeypatch,
 
 
 def test_a_picture_under_the_share_keeps_the_team_whole():
+    assert previews.RENDER_CORE_SHARE > 0.02
     process = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         notes = []
         core = _render_core(notes, Services())
         for step in range(1, 6):
-            core.step(step, 0.002, step * 0.010)  # 0.2 of a step
+            core.step(step, 0.0002, step * 0.010)  # 0.02 of a step
             assert torch.get_num_threads() == 2
         assert notes == []
     finally:
