@@ -213,12 +213,12 @@ def _ksampler_select(sampler_name: str) -> tuple[Sampler]:
     return (Sampler(sampler_name),)
 
 
-def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float) -> torch.Tensor:
+def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float, *, whole: bool = False) -> torch.Tensor:
     from models.h3 import sigmas
 
     video_shift, _ = model_shifts(model)
     try:
-        return sigmas(int(steps), float(denoise), shift=video_shift, scheduler=scheduler)
+        return sigmas(int(steps), float(denoise), shift=video_shift, scheduler=scheduler, whole=whole)
     except ValueError as exc:
         raise ValueError(f"{node}: {exc}") from None
 
@@ -286,7 +286,7 @@ def _ksampler(model: Any, seed: int, steps: int, cfg: float, sampler_name: str, 
               negative: list, latent_image: dict, denoise: float) -> tuple[dict]:
     node = "KSampler"
     model = check_model(node, model)
-    schedule = _schedule(node, model, scheduler, steps, denoise)
+    schedule = _schedule(node, model, scheduler, steps, denoise, whole=True)
     guider = Guider(model, _check_conditioning(node, positive, "positive"),
                     _check_conditioning(node, negative, "negative"), cfg)
     out, _ = guider.sample(Noise(seed), latent_image, Sampler(sampler_name), schedule, node=node)
@@ -315,7 +315,8 @@ def _ksampler_advanced(model: Any, add_noise: str, noise_seed: int, steps: int, 
                        end_at_step: int, return_with_leftover_noise: str) -> tuple[dict]:
     node = "KSamplerAdvanced"
     model = check_model(node, model)
-    sigmas = advanced_schedule(_schedule(node, model, scheduler, steps, 1.0), int(start_at_step), int(end_at_step),
+    sigmas = advanced_schedule(_schedule(node, model, scheduler, steps, 1.0, whole=True), int(start_at_step),
+                               int(end_at_step),
                                return_with_leftover_noise == "enable")
     if sigmas.numel() < 2:  # the range holds no step: the latent passes through as it came
         return (check_latent(node, latent_image, need=("samples", "audio_samples"), name="latent_image"),)
@@ -349,10 +350,11 @@ NODES = [
     NodeSpec(
         node_id="BasicScheduler", display_name="BasicScheduler", category="sampling/custom_sampling/schedulers",
         python_module="comfy_extras.nodes_custom_sampler", execute=_basic_scheduler,
-        description="Noise levels for `steps` steps: steps + 1 values falling to 0, spaced evenly in time and then "
-                    "shifted by the model's shift. 'simple' spans the whole time range; 'normal' ends its nonzero "
-                    "levels at the model's smallest one; 'sgm_uniform' spaces one more level the same way and drops "
-                    "the smallest.",
+        description="Noise levels for `steps` steps: steps + 1 values falling to 0 along the model's shifted "
+                    "noise table. 'simple' and 'ddim_uniform' take evenly spaced entries of the table; 'normal' and "
+                    "'sgm_uniform' space times evenly; 'karras', 'exponential' and 'kl_optimal' space the levels "
+                    "themselves (by a power, a logarithm, an arctangent) between the table's largest and smallest; "
+                    "'beta' crowds the steps at both ends; 'linear_quadratic' falls slowly at first, then fast.",
         inputs=[
             Input.link("model", "MODEL"),
             Input.combo("scheduler", list(SCHEDULER_NAMES), "simple"),

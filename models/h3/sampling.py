@@ -47,7 +47,11 @@ def convert_sigma(sigma: torch.Tensor | float, from_shift: float, to_shift: floa
 # The schedules BasicScheduler / KSampler offer, in ComfyUI's order. ComfyUI reads every schedule off the
 # model's sampling object; for H3 that is a discrete flow table of 1000 times t = 1/1000 .. 1 with
 # sigma(t) = shifted_sigma(t, shift), and a "timestep" of sigma * 1000.
-SCHEDULERS = ("simple", "sgm_uniform", "normal")
+SCHEDULERS = ("simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal", "linear_quadratic",
+              "kl_optimal")
+KARRAS_RHO = 7.0
+BETA_SHAPE = (0.6, 0.6)  # the beta schedule's (alpha, beta)
+LINEAR_QUADRATIC_THRESHOLD = 0.025  # the noise level the linear part of `linear_quadratic` falls to
 _FLOW_TIMESTEPS = 1000
 
 
@@ -75,12 +79,33 @@ def flow_table(shift: float) -> torch.Tensor:
 
 
 def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
-    """`steps` + 1 float32 sigmas of `scheduler` for a whole run (denoise 1)."""
+    """The float32 sigmas of `scheduler` for a whole run (denoise 1), ending at 0: `steps` + 1 of them, but for
+    `ddim_uniform` (every len/steps-th entry of the table: one more where 1000 / steps leaves a remainder)
+    and `beta` (steps landing on one table entry are taken once)."""
+    table = flow_table(shift)
+    low, high = float(table[0]), float(table[-1])
+    if scheduler in _FROM_RANGE:
+        return _FROM_RANGE[scheduler](steps, low, high)
+    if scheduler == "ddim_uniform":
+        # From the second entry up, every stride-th, the largest first, then 0; a table whose second entry is
+        # already 0 (a shift near 0) ends on it and takes one step more instead.
+        ends_at_zero = math.isclose(float(table[1]), 0.0, abs_tol=1e-5)
+        picked = table[1::max(_FLOW_TIMESTEPS // (steps + ends_at_zero), 1)].flip(0)
+        return picked if ends_at_zero else torch.cat([picked, torch.zeros(1)])
+    if scheduler == "beta":
+        entries = []
+        for level in (1.0 - k / steps for k in range(steps)):
+            entry = round(_beta_quantile(level, *BETA_SHAPE) * (_FLOW_TIMESTEPS - 1))  # halves to even
+            if not entries or entries[-1] != entry:
+                entries.append(entry)
+        return torch.cat([table[entries], torch.zeros(1)])
+    if scheduler == "linear_quadratic":
+        return _linear_quadratic(steps) * table[-1]
     if scheduler == "simple":
         # Every step takes an entry of the table, stepping back len/steps entries at a time (rounded down) from
         # sigma 1, then 0: where 1000 is not a multiple of steps, the times are not exactly evenly spaced, and
         # the sigmas are ComfyUI's to the bit.
-        table, stride = flow_table(shift), _FLOW_TIMESTEPS / steps
+        stride = _FLOW_TIMESTEPS / steps
         picks = torch.tensor([_FLOW_TIMESTEPS - 1 - int(step * stride) for step in range(steps)])
         return torch.cat([table[picks], torch.zeros(1)])
     times, then_zero = _normal_times(steps, shift, sgm=scheduler == "sgm_uniform")
@@ -88,9 +113,99 @@ def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
     return torch.cat([values, torch.zeros(1)]) if then_zero else values
 
 
-def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0, scheduler: str = "simple") -> torch.Tensor:
+def _karras(steps: int, low: float, high: float) -> torch.Tensor:
+    """Evenly spaced in sigma ** (1 / rho) from the largest sigma to the smallest, then 0."""
+    ramp = torch.linspace(0, 1, steps)
+    top, bottom = high ** (1.0 / KARRAS_RHO), low ** (1.0 / KARRAS_RHO)
+    return torch.cat([(top + ramp * (bottom - top)) ** KARRAS_RHO, torch.zeros(1)])
+
+
+def _exponential(steps: int, low: float, high: float) -> torch.Tensor:
+    """Evenly spaced in log sigma from the largest sigma to the smallest, then 0."""
+    return torch.cat([torch.linspace(math.log(high), math.log(low), steps).exp(), torch.zeros(1)])
+
+
+def _kl_optimal(steps: int, low: float, high: float) -> torch.Tensor:
+    """Evenly spaced in arctan(sigma) from the largest sigma to the smallest, then 0. One step is the
+    largest sigma then 0 (the spacing divides by steps - 1)."""
+    if steps == 1:
+        return torch.tensor([high, 0.0])
+    along = torch.arange(steps, dtype=torch.float32) / (steps - 1)
+    return torch.cat([(along * math.atan(low) + (1 - along) * math.atan(high)).tan(), torch.zeros(1)])
+
+
+_FROM_RANGE = {"karras": _karras, "exponential": _exponential, "kl_optimal": _kl_optimal}
+
+
+def _linear_quadratic(steps: int) -> torch.Tensor:
+    """Noise levels (before scaling by the largest sigma) that fall linearly to LINEAR_QUADRATIC_THRESHOLD
+    over the first half of the steps, then along a parabola to 0, in double precision as Python floats."""
+    if steps == 1:
+        return torch.tensor([1.0, 0.0])
+    threshold = LINEAR_QUADRATIC_THRESHOLD
+    linear = steps // 2
+    rest = steps - linear
+    gap = linear - threshold * steps  # how far the parabola must climb over the rest of the steps
+    square = gap / (linear * rest ** 2)
+    slope = threshold / linear - 2 * gap / rest ** 2
+    offset = square * linear ** 2
+    rising = [k * threshold / linear for k in range(linear)]
+    rising += [square * k ** 2 + slope * k + offset for k in range(linear, steps)]
+    return torch.tensor([1.0 - level for level in rising + [1.0]], dtype=torch.float32)
+
+
+def _beta_quantile(level: float, a: float, b: float) -> float:
+    """The x in [0, 1] where the regularized incomplete beta function I_x(a, b) reaches `level`, by bisection
+    (60 halvings: double precision). At level 1/2 of a symmetric shape the answer is 1/2 exactly."""
+    if level <= 0.0:
+        return 0.0
+    if level >= 1.0:
+        return 1.0
+    if a == b and level == 0.5:
+        return 0.5
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _incomplete_beta(mid, a, b) < level:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), from its continued fraction (modified Lentz);
+    beyond the fraction's fast region the symmetry I_x(a, b) = 1 - I_(1-x)(b, a) is used."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _incomplete_beta(1.0 - x, b, a)
+    log_front = a * math.log(x) + b * math.log1p(-x) + math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-16:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0, scheduler: str = "simple", *,
+           whole: bool = False) -> torch.Tensor:
     """steps + 1 sigmas ending at 0 (float32) of `scheduler` (one of SCHEDULERS); with denoise < 1, the last
-    steps + 1 values of the schedule for int(steps / denoise) steps.
+    steps + 1 values of the schedule for int(steps / denoise) steps. With `whole` at denoise 1, every sigma of
+    the schedule (KSampler's and KSamplerAdvanced's, where `ddim_uniform` and `beta` may differ in length;
+    BasicScheduler always gives steps + 1 at most).
 
     `simple` takes evenly spaced entries of the model's 1000-entry sigma table (`flow_table`); `normal` spaces
     times evenly from 1 down to the table's smallest sigma and shifts them; `sgm_uniform` is `normal` over
@@ -105,7 +220,8 @@ def sigmas(steps: int, denoise: float = 1.0, shift: float = 12.0, scheduler: str
             return torch.zeros(0)
         raise ValueError(f"denoise must be in (0, 1], got {denoise}")
     total = steps if denoise >= 1.0 else int(steps / denoise)
-    return _full_schedule(scheduler, total, shift)[-(steps + 1):]
+    full = _full_schedule(scheduler, total, shift)
+    return full if whole and denoise >= 1.0 else full[-(steps + 1):]
 
 
 # Steppers -----------------------------------------------------------------------------------------

@@ -433,6 +433,26 @@ def test_basic_scheduler_normal_follows_the_shift_and_the_combo_keeps_comfyuis_o
     assert offered == [name for name in comfy_order if name in offered] and "normal" in offered
 
 
+def test_ksampler_runs_every_step_of_ddim_uniform_where_basic_scheduler_keeps_steps_plus_one(h3):
+    """At 7 steps ddim_uniform has eight (1000 // 7 leaves a remainder): ComfyUI's KSampler runs all eight,
+    its BasicScheduler hands on the last 7 + 1 sigmas."""
+    prompt = t2va_prompt(steps=2, seed=5, save_video=False)
+    prompt["zero"] = {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["text", 0]}}
+    prompt["ks"] = {"class_type": "KSampler", "inputs": {
+        "model": ["unet", 0], "seed": 5, "steps": 7, "cfg": 1.0, "sampler_name": "euler", "scheduler": "ddim_uniform",
+        "positive": ["text", 0], "negative": ["zero", 0], "latent_image": ["empty", 0], "denoise": 1.0}}
+    prompt["bs"] = {"class_type": "BasicScheduler", "inputs": {"model": ["unet", 0], "scheduler": "ddim_uniform",
+                                                               "steps": 7, "denoise": 1.0}}
+    prompt["probe_ks"] = {"class_type": "TestOutput", "inputs": {"value": ["ks", 0]}}
+    prompt["probe_bs"] = {"class_type": "TestOutput", "inputs": {"value": ["bs", 0]}}
+    seen = []
+    h3.events.subscribe(lambda event, data: seen.append(data) if event == "progress" and data["node"] == "ks" else None)
+    result = h3.run(prompt)
+    assert probe(result, "probe_bs").numel() == 8
+    assert [d["value"] for d in seen] == list(range(1, 9)) and {d["max"] for d in seen} == {8}
+    assert torch.isfinite(probe(result, "probe_ks")["samples"]).all()
+
+
 def test_ksampler_with_cfg_1_matches_the_custom_sampler(h3):
     prompt = t2va_prompt(steps=2, seed=3, save_video=False)
     prompt["neg"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["clip", 0]}}

@@ -49,8 +49,9 @@ def test_denoise_takes_the_tail_of_every_schedule(scheduler):
 
 
 def test_an_unknown_schedule_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="'karras' is not available; the choices are simple, sgm_uniform, normal"):
-        sigmas(4, scheduler="karras")
+    with pytest.raises(ValueError, match="'turbo' is not available; the choices are simple, sgm_uniform, karras, "
+                                         "exponential, ddim_uniform, beta, normal, linear_quadratic, kl_optimal"):
+        sigmas(4, scheduler="turbo")
 
 
 def test_audio_sigma_derived_from_video_sigma():
@@ -155,3 +156,69 @@ def test_simple_takes_entries_of_the_flow_table_stepping_back_len_over_steps(ste
     assert got.dtype == torch.float32 and got.tolist() == expected
     # The table: float32 shifted_sigma of k / 1000, sigma 1 at its end.
     assert table[-1].item() == 1.0 and table[0].item() == pytest.approx(12 * 0.001 / (1 + 11 * 0.001), rel=1e-6)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 30])
+@pytest.mark.parametrize("scheduler", ["karras", "exponential"])
+def test_karras_and_exponential_span_the_flow_tables_range_as_diffusers_spaces_them(scheduler, steps):
+    """diffusers' own spacing (rho 7 for karras) between the table's largest and smallest sigma is the oracle."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    table = flow_table(12.0)
+    oracle = FlowMatchEulerDiscreteScheduler()
+    convert = oracle._convert_to_karras if scheduler == "karras" else oracle._convert_to_exponential
+    expected = torch.tensor(convert(table.flip(0), steps), dtype=torch.float64)
+    got = sigmas(steps, shift=12.0, scheduler=scheduler)
+    assert got.dtype == torch.float32 and got.numel() == steps + 1 and got[-1] == 0.0
+    torch.testing.assert_close(got[:-1].double(), expected, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("steps", list(range(1, 41)) + [50, 77, 100])
+def test_beta_takes_table_entries_at_beta_quantiles_once_each(steps):
+    """scipy's beta quantile is the oracle: steps at 1 - k/steps of the Beta(0.6, 0.6) distribution, rounded to
+    the nearest of the table's 999 intervals (halves to even), a repeated entry taken once, then 0."""
+    import numpy as np
+    from scipy.stats import beta
+
+    table = flow_table(3.0)
+    levels = 1.0 - np.linspace(0.0, 1.0, steps, endpoint=False)
+    entries = [int(e) for e in np.rint(beta.ppf(levels, 0.6, 0.6) * 999)]
+    kept = [e for i, e in enumerate(entries) if i == 0 or e != entries[i - 1]]
+    assert sigmas(steps, shift=3.0, scheduler="beta").tolist() == [table[e].item() for e in kept] + [0.0]
+
+
+def test_ddim_uniform_takes_every_stride_th_entry_from_the_second_and_ksampler_keeps_them_all():
+    table = flow_table(12.0)
+    assert sigmas(4, shift=12.0, scheduler="ddim_uniform").tolist() == [table[k].item() for k in (751, 501, 251, 1)] + [0.0]
+    # 1000 // 7 = 142 leaves a remainder: entries 1, 143, ..., 995 are eight steps. BasicScheduler gives the last 7 + 1
+    # sigmas; KSampler (whole) runs all of them.
+    whole = sigmas(7, shift=12.0, scheduler="ddim_uniform", whole=True)
+    assert whole.tolist() == [table[1 + 142 * k].item() for k in range(7, -1, -1)] + [0.0]
+    assert sigmas(7, shift=12.0, scheduler="ddim_uniform").tolist() == whole[-8:].tolist()
+    assert sigmas(7, denoise=0.5, shift=12.0, scheduler="ddim_uniform", whole=True).numel() == 8  # denoise < 1: sliced
+
+
+def test_linear_quadratic_falls_linearly_to_the_threshold_then_along_a_parabola():
+    # Four steps: a linear half 0 -> 0.0125 (threshold 0.025 over 2 steps), then 0.025 and 0.275 on the parabola.
+    assert sigmas(4, shift=12.0, scheduler="linear_quadratic").tolist() == pytest.approx([1.0, 0.9875, 0.975, 0.725, 0.0],
+                                                                                         abs=1e-7)
+    assert sigmas(1, shift=12.0, scheduler="linear_quadratic").tolist() == [1.0, 0.0]
+
+
+def test_kl_optimal_spaces_the_arctangent_of_sigma_evenly():
+    import math
+
+    table = flow_table(12.0)
+    low, high = table[0].item(), table[-1].item()
+    middle = math.tan(0.5 * math.atan(low) + 0.5 * math.atan(high))
+    assert sigmas(3, shift=12.0, scheduler="kl_optimal").tolist() == pytest.approx([high, middle, low, 0.0], rel=1e-6)
+    assert sigmas(1, shift=12.0, scheduler="kl_optimal").tolist() == [1.0, 0.0]  # no spacing to divide by 0
+
+
+@pytest.mark.parametrize("scheduler", ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta",
+                                       "normal", "linear_quadratic", "kl_optimal"])
+@pytest.mark.parametrize("steps", [1, 2, 9, 30])
+def test_every_schedule_falls_to_zero_from_the_largest_sigma_region(scheduler, steps):
+    got = sigmas(steps, shift=12.0, scheduler=scheduler, whole=True)
+    assert got.dtype == torch.float32 and got[-1] == 0.0 and bool(torch.isfinite(got).all())
+    assert bool((got[:-1] > got[1:]).all()), got
