@@ -94,7 +94,7 @@ def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
         return picked if ends_at_zero else torch.cat([picked, torch.zeros(1)])
     if scheduler == "beta":
         entries = []
-        for level in (1.0 - k / steps for k in range(steps)):
+        for level in (1.0 - k * (1.0 / steps) for k in range(steps)):  # k times the spacing, as numpy's linspace
             entry = round(_beta_quantile(level, *BETA_SHAPE) * (_FLOW_TIMESTEPS - 1))  # halves to even
             if not entries or entries[-1] != entry:
                 entries.append(entry)
