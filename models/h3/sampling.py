@@ -80,8 +80,8 @@ def flow_table(shift: float) -> torch.Tensor:
 
 def _full_schedule(scheduler: str, steps: int, shift: float) -> torch.Tensor:
     """The float32 sigmas of `scheduler` for a whole run (denoise 1), ending at 0: `steps` + 1 of them, but for
-    `ddim_uniform` (every len/steps-th entry of the table: one more where 1000 / steps leaves a remainder)
-    and `beta` (steps landing on one table entry are taken once)."""
+    `ddim_uniform` (every (1000 // steps)-th entry of the table: more than asked where 1000 is not a multiple
+    of the steps) and `beta` (steps landing on one table entry are taken once: fewer)."""
     table = flow_table(shift)
     low, high = float(table[0]), float(table[-1])
     if scheduler in _FROM_RANGE:
