@@ -55,13 +55,13 @@ def one_cpu_thread_here() -> bool:
     Without MKL's count (see `cpu_threads_here`), a process whose count was set explicitly (a Ray worker's)
     gave the render thread a second MKL team: four busy threads on two cores, which slowed a loop of small
     matrix products beside it about sevenfold in a measurement (1.3x with this thread's counts at 1)."""
-    return cpu_threads_here(1) is not None and torch.get_num_threads() == 1
+    return cpu_threads_here(1) and torch.get_num_threads() == 1
 
 
-def cpu_threads_here(count: int) -> int | None:
+def cpu_threads_here(count: int) -> bool:
     """Set the calling thread's torch CPU thread counts to `count`, leaving every other thread's, and the
-    count threads started later begin with, as they were. Returns this thread's count before, or None where
-    counts are not kept per thread and nothing was changed.
+    count threads started later begin with, as they were. False where counts are not kept per thread and
+    nothing was changed.
 
     Two counts are per thread: OpenMP's, and MKL's own, which the matrix products inside convolutions and
     linears read. Only `torch.set_num_threads` reaches MKL's (its symbols are not exported), but it also
@@ -70,14 +70,14 @@ def cpu_threads_here(count: int) -> int | None:
     keep one count for the whole process (and refuse to change it once work has run): nothing is changed
     there."""
     if not _counts_are_per_thread():
-        return None
+        return False
     with _count_lock:  # two callers at once would each read the stored count the other just changed
-        before = torch.get_num_threads()  # torch sets this thread's counts on its first query; let it happen now
+        torch.get_num_threads()  # torch sets this thread's counts on its first query; let it happen now
         stored = _in_new_thread(torch.get_num_threads)
         torch.set_num_threads(count)
         if stored != count:
             _in_new_thread(lambda: torch.set_num_threads(stored))
-    return before
+    return True
 
 
 def _in_new_thread(work: Callable[[], Any]) -> Any:

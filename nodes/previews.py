@@ -31,9 +31,9 @@ thread too many, and a team that has to wait for one of its members to get a cor
 barrier. Once a picture takes `RENDER_CORE_SHARE` of the time between two steps (taeh3 and latent2rgb
 pictures of the tiny models do; no picture beside a released-size step does), the sampler's thread runs
 its team one smaller (`RenderCore`), on trial: if the next steps are slower than the one before, the team
-takes the core back. The trial decides, so the share is low: it only says which pictures are worth one. The `with` block's end puts the count back. The runtime remembers
-each (method, latent shape, team)'s outcome, so later runs start with it. The sampler node's profile row
-notes each change (`preview_core`).
+takes the core back. The trial decides, so the share is low: it only says which pictures are worth one.
+The `with` block's end puts the count back. The runtime remembers each (method, latent shape, team)'s
+outcome, so later runs start with it. The sampler node's profile row notes each change (`preview_core`).
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ class RenderCore:
             self._give(step, None if kept else spacing)
 
     def _give(self, step: int, spacing: float | None) -> None:
-        if cpu_threads_here(self.team - 1) is None:  # one thread count for the whole process: not ours to change
+        if not cpu_threads_here(self.team - 1):  # one thread count for the whole process: not ours to change
             self.settled = True
             return
         self.given_at = step
@@ -253,7 +253,6 @@ class SamplerPreviews:
         self._scoped = False  # inside a `with` block, whose end is sure to run on the sampler's thread
         self._core: RenderCore | None = None  # made on the first step of latents on the CPU
         self._picture_cpu = 0.0  # the render thread's CPU seconds for its latest picture
-        self._pictures = 0  # pictures drawn so far
 
     @classmethod
     def start(cls, latent: dict) -> "SamplerPreviews":
@@ -309,7 +308,8 @@ class SamplerPreviews:
             if self._core is None:
                 self._core = RenderCore(self.ctx, (self.method, tuple(video.shape)))
             # The first picture of a run is left out: it may include tracing the decoder's graph.
-            self._core.step(step, self._picture_cpu if self._pictures > 1 else 0.0, time.perf_counter())
+            drawn = self.ctx.counts.get("preview_pictures", 0)
+            self._core.step(step, self._picture_cpu if drawn > 1 else 0.0, time.perf_counter())
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the render thread; with `wait`, after it has sent every step handed to it. On the sampler's
@@ -345,7 +345,6 @@ class SamplerPreviews:
                     # own cpu_ms is the sampler's thread).
                     spent = time.thread_time() - began
                     self._picture_cpu = spent
-                    self._pictures += 1
                     self.ctx.count("preview_pictures")
                     self.ctx.count("preview_cpu_ms", round(spent * 1000.0, 3))
                 except Exception:

@@ -213,7 +213,8 @@ def _ksampler_select(sampler_name: str) -> tuple[Sampler]:
     return (Sampler(sampler_name),)
 
 
-def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float, *, whole: bool = False) -> torch.Tensor:
+def _schedule(node: str, model: Any, scheduler: str, steps: int, denoise: float, *,
+              whole: bool = False) -> torch.Tensor:
     from models.h3 import sigmas
 
     video_shift, _ = model_shifts(model)
@@ -315,9 +316,8 @@ def _ksampler_advanced(model: Any, add_noise: str, noise_seed: int, steps: int, 
                        end_at_step: int, return_with_leftover_noise: str) -> tuple[dict]:
     node = "KSamplerAdvanced"
     model = check_model(node, model)
-    sigmas = advanced_schedule(_schedule(node, model, scheduler, steps, 1.0, whole=True), int(start_at_step),
-                               int(end_at_step),
-                               return_with_leftover_noise == "enable")
+    schedule = _schedule(node, model, scheduler, steps, 1.0, whole=True)
+    sigmas = advanced_schedule(schedule, int(start_at_step), int(end_at_step), return_with_leftover_noise == "enable")
     if sigmas.numel() < 2:  # the range holds no step: the latent passes through as it came
         return (check_latent(node, latent_image, need=("samples", "audio_samples"), name="latent_image"),)
     guider = Guider(model, _check_conditioning(node, positive, "positive"),

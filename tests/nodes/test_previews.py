@@ -373,8 +373,8 @@ def test_light_pictures_leave_the_sampler_team_whole(h3, monkeypatch):
     monkeypatch.setattr(previews.SamplerPreviews, "report",
                         lambda self, *args: (report(self, *args), counts.append(torch.get_num_threads())))
     h3.runtime.preview_method, h3.runtime.preview_size = None, 512
-    result = h3.executor.run(h3.validate(t2va_prompt(width=64, height=32, length=5, steps=3, seed=23, save_video=False)),
-                             prompt_id=str(uuid.uuid4()), extra_data={"preview_method": "taesd"})
+    prompt = t2va_prompt(width=64, height=32, length=5, steps=3, seed=23, save_video=False)
+    result = h3.executor.run(h3.validate(prompt), prompt_id=str(uuid.uuid4()), extra_data={"preview_method": "taesd"})
     assert result.status == "success", result.error
     assert "preview_core" not in result.profile["sample"].get("notes", {})
     assert counts == [torch.get_num_threads()] * 3

@@ -189,9 +189,10 @@ def test_beta_takes_table_entries_at_beta_quantiles_once_each(steps):
 
 def test_ddim_uniform_takes_every_stride_th_entry_from_the_second_and_ksampler_keeps_them_all():
     table = flow_table(12.0)
-    assert sigmas(4, shift=12.0, scheduler="ddim_uniform").tolist() == [table[k].item() for k in (751, 501, 251, 1)] + [0.0]
-    # 1000 // 7 = 142 leaves a remainder: entries 1, 143, ..., 995 are eight steps. BasicScheduler gives the last 7 + 1
-    # sigmas; KSampler (whole) runs all of them.
+    four = [table[k].item() for k in (751, 501, 251, 1)] + [0.0]
+    assert sigmas(4, shift=12.0, scheduler="ddim_uniform").tolist() == four
+    # 1000 // 7 = 142 leaves a remainder: entries 1, 143, ..., 995 are eight steps. BasicScheduler gives the
+    # last 7 + 1 sigmas; KSampler (whole) runs all of them.
     whole = sigmas(7, shift=12.0, scheduler="ddim_uniform", whole=True)
     assert whole.tolist() == [table[1 + 142 * k].item() for k in range(7, -1, -1)] + [0.0]
     assert sigmas(7, shift=12.0, scheduler="ddim_uniform").tolist() == whole[-8:].tolist()
@@ -200,8 +201,8 @@ def test_ddim_uniform_takes_every_stride_th_entry_from_the_second_and_ksampler_k
 
 def test_linear_quadratic_falls_linearly_to_the_threshold_then_along_a_parabola():
     # Four steps: a linear half 0 -> 0.0125 (threshold 0.025 over 2 steps), then 0.025 and 0.275 on the parabola.
-    assert sigmas(4, shift=12.0, scheduler="linear_quadratic").tolist() == pytest.approx([1.0, 0.9875, 0.975, 0.725, 0.0],
-                                                                                         abs=1e-7)
+    expected = [1.0, 0.9875, 0.975, 0.725, 0.0]
+    assert sigmas(4, shift=12.0, scheduler="linear_quadratic").tolist() == pytest.approx(expected, abs=1e-7)
     assert sigmas(1, shift=12.0, scheduler="linear_quadratic").tolist() == [1.0, 0.0]
 
 
@@ -218,7 +219,7 @@ def test_kl_optimal_spaces_the_arctangent_of_sigma_evenly():
 @pytest.mark.parametrize("scheduler", ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta",
                                        "normal", "linear_quadratic", "kl_optimal"])
 @pytest.mark.parametrize("steps", [1, 2, 9, 30])
-def test_every_schedule_falls_to_zero_from_the_largest_sigma_region(scheduler, steps):
+def test_every_schedule_is_finite_and_falls_strictly_to_zero(scheduler, steps):
     got = sigmas(steps, shift=12.0, scheduler=scheduler, whole=True)
     assert got.dtype == torch.float32 and got[-1] == 0.0 and bool(torch.isfinite(got).all())
     assert bool((got[:-1] > got[1:]).all()), got
